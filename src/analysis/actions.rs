@@ -1,0 +1,36 @@
+//! What the trace holds: events per action and the time it spans.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::snapshot::{Device, Snapshot};
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct TraceSummary {
+    pub events: u64,
+    /// Events per action name, unknown actions included.
+    pub actions: BTreeMap<String, u64>,
+    pub first_time_us: Option<i64>,
+    pub last_time_us: Option<i64>,
+}
+
+pub fn trace_summary(snapshot: &Snapshot, device: &Device) -> TraceSummary {
+    let events = snapshot.device_events(device);
+    let mut counts = [0u64; 256];
+    for e in events {
+        counts[e.action.0 as usize] += 1;
+    }
+    let actions = counts
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(code, n)| (snapshot.action_name(crate::snapshot::Action(code as u8)).to_string(), *n))
+        .collect();
+    TraceSummary {
+        events: events.len() as u64,
+        actions,
+        first_time_us: events.iter().find_map(|e| e.time()),
+        last_time_us: events.iter().rev().find_map(|e| e.time()),
+    }
+}

@@ -1,0 +1,100 @@
+//! The `fragscope` command: subcommands, their arguments, and their text output.
+//!
+//! Exit codes: 0 success, 2 the input was refused (bad file, not a snapshot), 1 anything else.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::analysis::{self, Analysis};
+use crate::ingest::{self, IngestError};
+use crate::units::bytes;
+
+#[derive(Debug, Parser)]
+#[command(name = "fragscope", version, about = "Why did the GPU run out of memory? Reads PyTorch CUDA memory snapshots.")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the web server (upload snapshots, share diagnosis links, REST API).
+    Serve,
+    /// Analyse a snapshot file and print what it holds.
+    Analyze {
+        /// A snapshot: pickle (protocol 2-5) or JSON, optionally gzip- or zstd-compressed.
+        file: PathBuf,
+        /// Print the analysis as JSON (the same document the API serves).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Serve => {
+            eprintln!("fragscope serve: the server is not built yet; use `fragscope analyze FILE`");
+            ExitCode::from(1)
+        }
+        Command::Analyze { file, json } => match analyze(&file, json) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&file, e),
+        },
+    }
+}
+
+fn fail(file: &std::path::Path, e: IngestError) -> ExitCode {
+    eprintln!("fragscope: {}: {e}", file.display());
+    match e {
+        IngestError::Io(_) => ExitCode::from(1),
+        _ => ExitCode::from(2),
+    }
+}
+
+fn analyze(file: &std::path::Path, json: bool) -> Result<(), IngestError> {
+    let ingested = ingest::ingest_path(file, &ingest::Options::default())?;
+    let analysis = analysis::analyze(&ingested.snapshot, ingested.source);
+    let mut out = std::io::stdout().lock();
+    let written = if json {
+        serde_json::to_writer_pretty(&mut out, &analysis).map_err(std::io::Error::from).and_then(|()| writeln!(out))
+    } else {
+        write_text(&mut out, file, &analysis)
+    };
+    // A closed pipe (`| head`) is not an error worth reporting.
+    match written {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(IngestError::Io(e)),
+        _ => Ok(()),
+    }
+}
+
+fn write_text(out: &mut impl Write, file: &std::path::Path, a: &Analysis) -> std::io::Result<()> {
+    let s = &a.source;
+    let protocol = s.pickle_protocol.map(|p| format!(" protocol {p}")).unwrap_or_default();
+    let compression = if s.compression == "none" { String::new() } else { format!(", {}", s.compression) };
+    writeln!(out, "{}: {}{protocol}{compression}, {}, sha256 {}", file.display(), s.encoding, bytes(s.bytes), s.sha256)?;
+    if a.devices.is_empty() {
+        writeln!(out, "no segments and no trace: nothing was allocated while recording")?;
+    }
+    for d in &a.devices {
+        let f = &d.final_state;
+        writeln!(out, "device {}", d.device)?;
+        let ranges = if f.expandable_ranges > 0 { format!(" + {} expandable ranges", f.expandable_ranges) } else { String::new() };
+        writeln!(out, "  reserved    {:>12}  in {} segments{ranges}", bytes(f.reserved_bytes), f.segments)?;
+        writeln!(out, "  allocated   {:>12}  in {} allocations", bytes(f.allocated_bytes), f.allocations)?;
+        writeln!(out, "  active      {:>12}", bytes(f.active_bytes))?;
+        writeln!(out, "  free        {:>12}  reserved but unallocated", bytes(f.reserved_bytes - f.allocated_bytes.min(f.reserved_bytes)))?;
+        writeln!(out, "  largest free block {}", bytes(f.largest_free_block_bytes))?;
+        writeln!(out, "  inactive split: {} blocks, {}", f.inactive_split_blocks, bytes(f.inactive_split_bytes))?;
+        let t = &d.trace;
+        let span = match (t.first_time_us, t.last_time_us) {
+            (Some(a), Some(b)) => format!(" over {:.3} s", (b - a) as f64 / 1e6),
+            _ => String::new(),
+        };
+        let actions: Vec<String> = t.actions.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        writeln!(out, "  trace: {} events{span} ({})", t.events, actions.join(", "))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,308 @@
+//! Ingest: the only caller of the reader. Bytes in, a [`Snapshot`] out.
+//!
+//! Sniffs the format by magic bytes (never by file name): `80` pickle, `1f 8b` gzip,
+//! `28 b5 2f fd` zstd, `{`/`[` JSON, anything else is tried as a protocol 0/1 pickle.
+//! Decompression is capped twice: by the reader's input-size limit, and by a ratio (output may
+//! not outgrow input by more than `max_ratio`, after a grace of 64 MiB), so a bomb stops early.
+//! The raw bytes are hashed as they pass (sha256, the content address a notebook can compute
+//! with hashlib) and counted for progress reports.
+
+use std::fmt;
+use std::io::{BufRead, BufReader, Read};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::reader::{self, Failure, Limits, ReadError};
+use crate::snapshot::{self, ModelError, Snapshot, SnapshotSink};
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub limits: Limits,
+    pub max_events: u64,
+    /// Largest accepted decompressed/compressed ratio.
+    pub max_ratio: u64,
+    /// Raw bytes consumed so far, for progress reports.
+    pub progress: Option<Arc<AtomicU64>>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { limits: Limits::default(), max_events: 100_000_000, max_ratio: 200, progress: None }
+    }
+}
+
+/// What the file was, as reported under `source` in the analysis.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Source {
+    pub bytes: u64,
+    pub sha256: String,
+    pub encoding: &'static str,
+    pub compression: &'static str,
+    pub pickle_protocol: Option<u8>,
+}
+
+#[derive(Debug)]
+pub struct Ingested {
+    pub snapshot: Snapshot,
+    pub source: Source,
+}
+
+#[derive(Debug)]
+pub enum IngestError {
+    Empty,
+    /// A format we recognise but do not read (xz, a compressed stream inside another).
+    Unsupported(String),
+    /// The reader refused the bytes; `stream` says which bytes the offset counts.
+    Read { error: ReadError, stream: &'static str },
+    /// The bytes were a valid pickle or JSON, but not a memory snapshot.
+    Model { error: ModelError, offset: u64 },
+    Io(std::io::Error),
+}
+
+impl fmt::Display for IngestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IngestError::Empty => write!(f, "the file is empty"),
+            IngestError::Unsupported(what) => write!(f, "{what}"),
+            IngestError::Read { error, stream: "" } => write!(f, "{error}"),
+            IngestError::Read { error, stream } => write!(f, "{error} of the {stream}-decompressed data"),
+            IngestError::Model { error, offset } => write!(f, "not a valid memory snapshot: {error} (near byte {offset})"),
+            IngestError::Io(e) => write!(f, "could not read the file: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for IngestError {}
+
+/// Reads, hashes and counts the raw bytes on a thread of its own, one chunk ahead of the
+/// decoder, so hashing and I/O overlap parsing (sha256 alone is a tenth of a big ingest).
+struct Prefetch {
+    chunks: std::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    current: Vec<u8>,
+    pos: usize,
+    done: Option<std::thread::JoinHandle<(String, u64)>>,
+}
+
+const CHUNK: usize = 1 << 20;
+
+impl Prefetch {
+    fn start<R: Read + Send + 'static>(mut raw: R, progress: Option<Arc<AtomicU64>>) -> Self {
+        let (tx, rx) = std::sync::mpsc::sync_channel(4);
+        let done = std::thread::spawn(move || {
+            let (mut hasher, mut count) = (Sha256::new(), 0u64);
+            loop {
+                let mut buf = vec![0u8; CHUNK];
+                let n = match read_full(&mut raw, &mut buf) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        break;
+                    }
+                };
+                buf.truncate(n);
+                hasher.update(&buf);
+                count += n as u64;
+                if let Some(p) = &progress {
+                    p.store(count, Ordering::Relaxed);
+                }
+                // The decoder may stop early (STOP, an error): keep hashing to the end anyway.
+                if n == 0 || tx.send(Ok(buf)).is_err() && n < CHUNK {
+                    break;
+                }
+            }
+            (hasher.finalize().iter().map(|b| format!("{b:02x}")).collect(), count)
+        });
+        Prefetch { chunks: rx, current: Vec::new(), pos: 0, done: Some(done) }
+    }
+
+    /// Drops the decoder's side and waits for the hash of the whole input.
+    fn finish(mut self) -> Result<(String, u64), IngestError> {
+        let done = self.done.take().expect("finish once");
+        drop(self);
+        done.join().map_err(|_| IngestError::Io(std::io::Error::other("hashing thread failed")))
+    }
+}
+
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+impl Read for Prefetch {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos == self.current.len() {
+            match self.chunks.recv() {
+                Ok(Ok(chunk)) => {
+                    self.current = chunk;
+                    self.pos = 0;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len() - self.pos);
+        buf[..n].copy_from_slice(&self.current[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// Stops a decompressor whose output outgrows its input by more than `max_ratio`.
+struct RatioCap<'a, R, H> {
+    inner: R,
+    raw: &'a H,
+    out: u64,
+    max_ratio: u64,
+}
+
+trait RawCount {
+    fn raw_bytes(&self) -> u64;
+}
+
+impl<'a, R: Read, H: RawCount> Read for RatioCap<'a, R, H> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.out += n as u64;
+        let allowed = self.raw.raw_bytes().saturating_mul(self.max_ratio).saturating_add(64 << 20);
+        if self.out > allowed {
+            return Err(std::io::Error::other(format!(
+                "decompressed data grows past {}x its compressed size (a decompression bomb?)",
+                self.max_ratio
+            )));
+        }
+        Ok(n)
+    }
+}
+
+/// The compressed side's count, shared with the ratio check through a cell.
+struct SharedCount(std::cell::Cell<u64>);
+impl RawCount for SharedCount {
+    fn raw_bytes(&self) -> u64 {
+        self.0.get()
+    }
+}
+
+struct Counted<'a, R> {
+    inner: R,
+    count: &'a SharedCount,
+}
+impl<R: Read> Read for Counted<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count.0.set(self.count.0.get() + n as u64);
+        Ok(n)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Pickle,
+    Json,
+    Gzip,
+    Zstd,
+}
+
+fn sniff(head: &[u8]) -> Result<Format, IngestError> {
+    let first_text = head.iter().find(|b| !b.is_ascii_whitespace());
+    Ok(match head {
+        [] => return Err(IngestError::Empty),
+        [0x1f, 0x8b, ..] => Format::Gzip,
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => Format::Zstd,
+        [0xfd, b'7', b'z', b'X', b'Z', ..] => {
+            return Err(IngestError::Unsupported("xz-compressed files are not read: unpack with `xz -d`, or use gzip or zstd".into()));
+        }
+        [b'P', b'K', 3, 4, ..] => return Err(IngestError::Unsupported("zip archives are not read: upload the snapshot inside".into())),
+        _ if matches!(first_text, Some(b'{') | Some(b'[')) => Format::Json,
+        _ => Format::Pickle,
+    })
+}
+
+/// Reads a snapshot in any supported form from `raw`.
+pub fn ingest<R: Read + Send + 'static>(raw: R, options: &Options) -> Result<Ingested, IngestError> {
+    let mut prefetch = Prefetch::start(raw, options.progress.clone());
+    let decoded = decode_any(&mut prefetch, options);
+    let (sha256, bytes) = prefetch.finish()?;
+    let (snapshot, encoding, compression, pickle_protocol) = decoded?;
+    let source = Source { bytes, sha256, encoding, compression, pickle_protocol };
+    Ok(Ingested { snapshot, source })
+}
+
+type Decoded = (Snapshot, &'static str, &'static str, Option<u8>);
+
+fn decode_any(raw: &mut Prefetch, options: &Options) -> Result<Decoded, IngestError> {
+    Ok({
+        let mut outer = BufReader::with_capacity(64 << 10, raw);
+        let format = sniff(outer.fill_buf().map_err(IngestError::Io)?)?;
+        match format {
+            Format::Pickle | Format::Json => {
+                let (s, p) = decode(&mut outer, format, options, "")?;
+                (s, if format == Format::Json { "json" } else { "pickle" }, "none", p)
+            }
+            Format::Gzip | Format::Zstd => {
+                let count = SharedCount(std::cell::Cell::new(0));
+                let counted = Counted { inner: &mut outer, count: &count };
+                let (name, decoder): (&'static str, Box<dyn Read + '_>) = if format == Format::Gzip {
+                    ("gzip", Box::new(flate2::read::MultiGzDecoder::new(counted)))
+                } else {
+                    let d = zstd::stream::read::Decoder::new(counted).map_err(IngestError::Io)?;
+                    ("zstd", Box::new(d))
+                };
+                let capped = RatioCap { inner: decoder, raw: &count, out: 0, max_ratio: options.max_ratio };
+                let mut inner = BufReader::with_capacity(64 << 10, capped);
+                let inner_format = sniff(inner.fill_buf().map_err(|e| read_io(e, name))?)?;
+                if matches!(inner_format, Format::Gzip | Format::Zstd) {
+                    return Err(IngestError::Unsupported(format!("a compressed stream inside {name} is not read")));
+                }
+                let (s, p) = decode(&mut inner, inner_format, options, name)?;
+                // Read the compressed stream to its end, so a truncated or corrupt trailer
+                // (checksum, size) is reported rather than ignored.
+                std::io::copy(&mut inner, &mut std::io::sink()).map_err(|e| read_io(e, name))?;
+                (s, if inner_format == Format::Json { "json" } else { "pickle" }, name, p)
+            }
+        }
+    })
+}
+
+fn read_io(e: std::io::Error, stream: &'static str) -> IngestError {
+    let kind = reader::ErrorKind::Io(format!("{stream} stream is corrupt or truncated: {e}"));
+    IngestError::Read { error: ReadError { kind, offset: 0 }, stream }
+}
+
+fn decode<R: Read>(
+    input: R,
+    format: Format,
+    options: &Options,
+    stream: &'static str,
+) -> Result<(Snapshot, Option<u8>), IngestError> {
+    let mut sink = SnapshotSink::new(options.max_events);
+    let parsed = if format == Format::Json {
+        reader::read_json(input, &options.limits, &mut sink)
+    } else {
+        reader::read_pickle(input, &options.limits, &mut sink)
+    };
+    let parsed = match parsed {
+        Ok(p) => p,
+        Err(Failure::Read(error)) => return Err(IngestError::Read { error, stream }),
+        Err(Failure::Sink { error, offset }) => return Err(IngestError::Model { error, offset }),
+    };
+    let (protocol, offset) = (parsed.protocol, parsed.bytes_read);
+    let snapshot = snapshot::build(parsed, sink).map_err(|error| IngestError::Model { error, offset })?;
+    Ok((snapshot, protocol))
+}
+
+/// Reads a snapshot file from disk.
+pub fn ingest_path(path: &std::path::Path, options: &Options) -> Result<Ingested, IngestError> {
+    let file = std::fs::File::open(path).map_err(IngestError::Io)?;
+    ingest(file, options)
+}

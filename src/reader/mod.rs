@@ -1,0 +1,82 @@
+//! The reader: hostile bytes in, values out. This is fragscope's security boundary.
+//!
+//! Why not serde-pickle: it fails on every real snapshot (`Syntax(Recursive)`: its memo
+//! reference counting breaks on a shared list of shared dicts, which is how torch writes stack
+//! frames), and its workaround silently replaces shared data with None. Generic pickle crates
+//! also build one owned tree, which multiplies memory by the sharing factor. This reader keeps
+//! shared values shared (one heap container per pickled object) and lets a [`Sink`] fold each
+//! trace-entry dict into a compact record the moment it is complete, so three million events
+//! never exist as a generic tree.
+//!
+//! What it accepts: pickle protocols 0 to 5 holding builtins only (dict, list, tuple, set, str,
+//! bytes, int, float, bool, None), and JSON (see [`read_json`]).
+//! What it refuses, naming the opcode and its byte offset: GLOBAL, STACK_GLOBAL, REDUCE, BUILD,
+//! NEWOBJ, NEWOBJ_EX, INST, OBJ, PERSID, BINPERSID, EXT1/2/4, NEXT_BUFFER, READONLY_BUFFER: the
+//! opcodes that import or call code or reach out-of-band data. Nothing is ever executed.
+//! Every length, count, depth and memo index is checked against [`Limits`] before anything
+//! is allocated; a container can no longer change once it is placed in another, which rules
+//! out cycles. Errors are [`ReadError`]s with the offset of the failing opcode; nothing panics.
+//!
+//! The reader depends on nothing else in the crate.
+
+mod error;
+mod input;
+mod json;
+mod limits;
+mod pickle;
+mod text;
+mod value;
+
+pub use error::{ErrorKind, Failure, ReadError};
+pub use json::read_json;
+pub use limits::Limits;
+pub use value::{Heap, Kind, StrId, Strings, Value};
+
+/// What a read produced: the root value and the heap its containers live in.
+#[derive(Debug)]
+pub struct Parsed {
+    pub root: Value,
+    pub heap: Heap,
+    /// The PROTO opcode's protocol; None for JSON and for protocols 0 and 1 (which have none).
+    pub protocol: Option<u8>,
+    pub bytes_read: u64,
+}
+
+/// Listens to the reader. The reader pushes; the sink decides what to keep compactly.
+pub trait Sink {
+    type Error;
+
+    /// Called once before reading, to intern the keys the sink will look for, so that later
+    /// comparisons are of ids.
+    fn prepare(&mut self, _strings: &mut Strings) {}
+
+    /// Called once for each dict, when it is complete (placed into its parent). Returning
+    /// `Some(id)` replaces the dict by `Value::Folded(id)` and frees its items.
+    fn fold_dict(&mut self, _heap: &Heap, _dict: u32) -> Result<Option<u32>, Self::Error> {
+        Ok(None)
+    }
+
+    /// The same for each non-empty list (a stack's frames list, say).
+    fn fold_list(&mut self, _heap: &Heap, _list: u32) -> Result<Option<u32>, Self::Error> {
+        Ok(None)
+    }
+}
+
+/// A sink that folds nothing: the whole value tree is kept.
+pub struct KeepAll;
+
+impl Sink for KeepAll {
+    type Error = std::convert::Infallible;
+}
+
+/// Reads one pickle from `reader`, up to its STOP opcode.
+pub fn read_pickle<R: std::io::Read, S: Sink>(
+    reader: R,
+    limits: &Limits,
+    sink: &mut S,
+) -> Result<Parsed, Failure<S::Error>> {
+    pickle::read(reader, limits, sink)
+}
+
+#[cfg(test)]
+mod tests;

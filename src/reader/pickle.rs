@@ -1,0 +1,551 @@
+//! The pickle virtual machine, reduced to what data needs: it builds values, never objects.
+//!
+//! Each opcode is read with its operands, checked against [`Limits`], and applied to a value
+//! stack. Opcodes that import or call (GLOBAL, REDUCE, ...) stop the read with `Refused`.
+
+use std::collections::HashMap;
+use std::io::Read;
+
+use super::error::{ErrorKind, Failure, ReadError};
+use super::input::Input;
+use super::value::{Heap, Kind, Value};
+use super::{Limits, Parsed, Sink};
+
+type Res<T, E> = Result<T, Failure<E>>;
+
+/// Opcodes that would run code or reach outside the data; named for the error message.
+fn refused_name(op: u8) -> Option<&'static str> {
+    Some(match op {
+        b'c' => "GLOBAL",
+        0x93 => "STACK_GLOBAL",
+        b'R' => "REDUCE",
+        b'b' => "BUILD",
+        0x81 => "NEWOBJ",
+        0x92 => "NEWOBJ_EX",
+        b'i' => "INST",
+        b'o' => "OBJ",
+        b'P' => "PERSID",
+        b'Q' => "BINPERSID",
+        0x82 => "EXT1",
+        0x83 => "EXT2",
+        0x84 => "EXT4",
+        0x97 => "NEXT_BUFFER",
+        0x98 => "READONLY_BUFFER",
+        _ => return None,
+    })
+}
+
+/// Payload bits of a memo slot; the top two bits say what the payload is.
+const MEMO_PAYLOAD: u32 = (1 << 30) - 1;
+const MEMO_NODE: u32 = 0;
+const MEMO_STR: u32 = 1 << 30;
+const MEMO_BYTES: u32 = 2 << 30;
+const MEMO_OTHER: u32 = 3 << 30;
+
+/// The memo at 4 bytes an entry: real snapshots memoize millions of dicts, lists and strings
+/// and nothing else; anything else a pickle memoizes goes to `others`.
+#[derive(Default)]
+struct Memo {
+    slots: Vec<u32>,
+    others: Vec<Value>,
+    /// Puts at indexes beyond the end.
+    sparse: HashMap<u64, Value>,
+}
+
+impl Memo {
+    /// Stores `v` at `index` (at most one past the end); false if the payload space is full.
+    #[inline]
+    fn put(&mut self, index: usize, v: Value) -> bool {
+        let slot = match v {
+            Value::Node(id) if id <= MEMO_PAYLOAD => MEMO_NODE | id,
+            Value::Str(id) if id <= MEMO_PAYLOAD => MEMO_STR | id,
+            Value::Bytes(id) if id <= MEMO_PAYLOAD => MEMO_BYTES | id,
+            other => {
+                if self.others.len() > MEMO_PAYLOAD as usize {
+                    return false;
+                }
+                self.others.push(other);
+                MEMO_OTHER | (self.others.len() - 1) as u32
+            }
+        };
+        if index == self.slots.len() {
+            self.slots.push(slot);
+        } else {
+            self.slots[index] = slot;
+        }
+        true
+    }
+
+    #[inline(always)]
+    fn decode(&self, slot: u32) -> Value {
+        let payload = slot & MEMO_PAYLOAD;
+        match slot & !MEMO_PAYLOAD {
+            MEMO_NODE => Value::Node(payload),
+            MEMO_STR => Value::Str(payload),
+            MEMO_BYTES => Value::Bytes(payload),
+            _ => self.others[payload as usize],
+        }
+    }
+}
+
+struct Vm<'a, R, S> {
+    input: Input<R>,
+    limits: &'a Limits,
+    sink: &'a mut S,
+    heap: Heap,
+    stack: Vec<Value>,
+    marks: Vec<usize>,
+    memo: Memo,
+    scratch: Vec<u8>,
+    protocol: Option<u8>,
+    /// Offset of the opcode being run, for errors.
+    at: u64,
+}
+
+/// Runs a pickle to its STOP and returns the value it built.
+pub fn read<R: Read, S: Sink>(reader: R, limits: &Limits, sink: &mut S) -> Result<Parsed, Failure<S::Error>> {
+    let mut heap = Heap::default();
+    sink.prepare(&mut heap.strings);
+    let mut vm = Vm {
+        input: Input::new(reader, limits.max_input_bytes),
+        limits,
+        sink,
+        heap,
+        stack: Vec::new(),
+        marks: Vec::new(),
+        memo: Memo::default(),
+        scratch: Vec::new(),
+        protocol: None,
+        at: 0,
+    };
+    let root = vm.run()?;
+    Ok(Parsed { root, heap: vm.heap, protocol: vm.protocol, bytes_read: vm.input.offset() })
+}
+
+impl<R: Read, S: Sink> Vm<'_, R, S> {
+    fn err<T>(&self, kind: ErrorKind) -> Res<T, S::Error> {
+        Err(Failure::Read(ReadError { kind, offset: self.at }))
+    }
+
+    fn limit<T>(&self, what: &'static str, limit: u64) -> Res<T, S::Error> {
+        self.err(ErrorKind::Limit { what, limit })
+    }
+
+    #[inline]
+    fn push(&mut self, v: Value) -> Res<(), S::Error> {
+        if self.stack.len() as u64 >= self.limits.max_stack {
+            return self.limit("stack depth", self.limits.max_stack);
+        }
+        self.stack.push(v);
+        Ok(())
+    }
+
+    fn pop(&mut self, opcode: &'static str) -> Res<Value, S::Error> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() <= floor {
+            return self.err(ErrorKind::StackUnderflow { opcode });
+        }
+        Ok(self.stack.pop().unwrap_or(Value::None))
+    }
+
+    /// The top value; like Python's unpickler, values below the last MARK are out of reach.
+    fn top(&self, opcode: &'static str) -> Res<Value, S::Error> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        match self.stack.last() {
+            Some(v) if self.stack.len() > floor => Ok(*v),
+            _ => self.err(ErrorKind::StackUnderflow { opcode }),
+        }
+    }
+
+    /// Index of the last MARK; the values above it are taken by the caller.
+    fn pop_mark(&mut self, opcode: &'static str) -> Res<usize, S::Error> {
+        match self.marks.pop() {
+            Some(m) if m <= self.stack.len() => Ok(m),
+            _ => self.err(ErrorKind::StackUnderflow { opcode }),
+        }
+    }
+
+    /// A value is leaving the stack for a container: seal it, and let the sink fold a dict.
+    fn settle(&mut self, v: Value) -> Res<Value, S::Error> {
+        let Value::Node(id) = v else { return Ok(v) };
+        if let Some(f) = self.heap.folded(id) {
+            return Ok(Value::Folded(f));
+        }
+        if self.heap.sealed(id) {
+            return Ok(v);
+        }
+        self.heap.seal(id);
+        let folded = match self.heap.kind(id) {
+            Kind::Dict => self.sink.fold_dict(&self.heap, id),
+            Kind::List if self.heap.len(id) > 0 => self.sink.fold_list(&self.heap, id),
+            _ => Ok(None),
+        };
+        match folded {
+            Ok(Some(f)) => {
+                self.heap.fold(id, f);
+                Ok(Value::Folded(f))
+            }
+            Ok(None) => Ok(v),
+            Err(error) => Err(Failure::Sink { error, offset: self.at }),
+        }
+    }
+
+    fn new_node(&mut self, kind: Kind) -> Res<u32, S::Error> {
+        if self.heap.container_count() >= self.limits.max_containers.min(u32::MAX as u64) {
+            return self.limit("number of containers", self.limits.max_containers);
+        }
+        Ok(self.heap.new_node(kind))
+    }
+
+    /// Moves the stack's values from `from` up into container `id` (which must still be open).
+    fn extend(&mut self, id: u32, from: usize) -> Res<(), S::Error> {
+        let n = (self.stack.len() - from) as u64;
+        if self.heap.value_count() + n > self.limits.max_values {
+            return self.limit("number of values", self.limits.max_values);
+        }
+        let mut max_depth = 0;
+        for i in from..self.stack.len() {
+            let v = self.stack[i];
+            if v == Value::Node(id) {
+                return self.err(ErrorKind::Recursive);
+            }
+            let v = self.settle(v)?;
+            max_depth = max_depth.max(self.heap.value_depth(v));
+            self.stack[i] = v;
+        }
+        if max_depth + 1 > self.limits.max_depth {
+            return self.limit("nesting depth", self.limits.max_depth as u64);
+        }
+        self.heap.extend(id, &self.stack[from..], max_depth);
+        self.stack.truncate(from);
+        Ok(())
+    }
+
+    /// The container a mutating opcode applies to, checked to be of one of `kinds`.
+    fn target(&self, v: Value, opcode: &'static str, expected: &'static str, kinds: &[Kind]) -> Res<u32, S::Error> {
+        match v {
+            Value::Node(id) if kinds.contains(&self.heap.kind(id)) && self.heap.folded(id).is_none() => {
+                if self.heap.sealed(id) {
+                    return self.err(ErrorKind::Recursive);
+                }
+                Ok(id)
+            }
+            Value::Node(id) => {
+                let found = if self.heap.folded(id).is_some() { "folded value" } else { self.heap.kind(id).name() };
+                self.err(ErrorKind::WrongType { opcode, expected, found })
+            }
+            other => self.err(ErrorKind::WrongType { opcode, expected, found: other.type_name() }),
+        }
+    }
+
+    /// Builds a new container from the values above the last MARK.
+    fn collect(&mut self, kind: Kind, opcode: &'static str) -> Res<(), S::Error> {
+        let mark = self.pop_mark(opcode)?;
+        if kind == Kind::Dict && (self.stack.len() - mark) % 2 != 0 {
+            return self.err(ErrorKind::StackUnderflow { opcode });
+        }
+        let id = self.new_node(kind)?;
+        self.extend(id, mark)?;
+        self.push(Value::Node(id))
+    }
+
+    /// Adds the values above the last MARK to the container below it.
+    fn extend_from_mark(&mut self, opcode: &'static str, expected: &'static str, kinds: &[Kind]) -> Res<(), S::Error> {
+        let mark = self.pop_mark(opcode)?;
+        if mark == 0 {
+            return self.err(ErrorKind::StackUnderflow { opcode });
+        }
+        let id = self.target(self.stack[mark - 1], opcode, expected, kinds)?;
+        if kinds == [Kind::Dict] && (self.stack.len() - mark) % 2 != 0 {
+            return self.err(ErrorKind::StackUnderflow { opcode });
+        }
+        self.extend(id, mark)
+    }
+
+    fn memo_put(&mut self, index: u64) -> Res<(), S::Error> {
+        let v = self.top("PUT")?;
+        let len = self.memo.slots.len() as u64;
+        if index > len {
+            // Python's pickler never skips indexes; allow a few, as a map.
+            if self.memo.sparse.len() as u64 >= self.limits.max_marks {
+                return self.limit("sparse memo entries", self.limits.max_marks);
+            }
+            self.memo.sparse.insert(index, v);
+            return Ok(());
+        }
+        if index == len && len >= self.limits.max_memo {
+            return self.limit("memo size", self.limits.max_memo);
+        }
+        if !self.memo.put(index as usize, v) {
+            return self.limit("memoized scalars", MEMO_PAYLOAD as u64);
+        }
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn memo_get(&mut self, index: u64) -> Res<(), S::Error> {
+        if let Some(&slot) = self.memo.slots.get(index as usize) {
+            let v = self.memo.decode(slot);
+            return self.push(v);
+        }
+        match self.memo.sparse.get(&index) {
+            Some(&v) => self.push(v),
+            None => self.err(ErrorKind::MemoMissing(index)),
+        }
+    }
+
+    fn string(&mut self, len: u64, bytes: bool) -> Res<(), S::Error> {
+        if len > self.limits.max_string_bytes {
+            return self.limit("string length in bytes", self.limits.max_string_bytes);
+        }
+        let raw = self.input.take(len as usize, &mut self.scratch)?;
+        let text = String::from_utf8_lossy(raw);
+        let Some(id) = self.heap.strings.intern(&text, self.limits.max_total_string_bytes) else {
+            return self.limit("total string bytes", self.limits.max_total_string_bytes);
+        };
+        self.push(if bytes { Value::Bytes(id) } else { Value::Str(id) })
+    }
+
+    fn long(&mut self, len: u64) -> Res<(), S::Error> {
+        if len <= 8 {
+            // Addresses and times: the common case, without a variable-length copy.
+            let mut raw = [0u8; 8];
+            for b in raw.iter_mut().take(len as usize) {
+                *b = self.input.byte()?;
+            }
+            let negative = len > 0 && raw[len as usize - 1] & 0x80 != 0;
+            if negative {
+                raw[len as usize..].fill(0xff);
+            }
+            return self.push(Value::Int(i64::from_le_bytes(raw)));
+        }
+        if len > 64 {
+            return self.err(ErrorKind::IntTooLarge);
+        }
+        let raw = self.input.take(len as usize, &mut self.scratch)?;
+        match super::text::le_int(raw) {
+            Some(v) => self.push(v),
+            None => self.err(ErrorKind::IntTooLarge),
+        }
+    }
+
+    fn text_line(&mut self) -> Res<String, S::Error> {
+        let line = self.input.line(256, &mut self.scratch)?;
+        Ok(String::from_utf8_lossy(line).into_owned())
+    }
+
+    fn text_index(&mut self) -> Res<u64, S::Error> {
+        let line = self.text_line()?;
+        match line.trim().parse::<u64>() {
+            Ok(i) => Ok(i),
+            Err(_) => self.err(ErrorKind::BadText("memo index")),
+        }
+    }
+
+    fn run(&mut self) -> Res<Value, S::Error> {
+        loop {
+            self.at = self.input.offset();
+            let Some(op) = self.input.next_byte()? else {
+                return self.err(ErrorKind::NoStop);
+            };
+            match op {
+                0x80 => {
+                    let p = self.input.byte()?;
+                    if p > 5 {
+                        return self.err(ErrorKind::UnsupportedProtocol(p));
+                    }
+                    self.protocol = Some(p);
+                }
+                0x95 => {
+                    // FRAME: a length hint for buffering; the input is buffered anyway.
+                    self.input.array::<8>()?;
+                }
+                b'.' => {
+                    if !self.marks.is_empty() || self.stack.len() != 1 {
+                        return self.err(ErrorKind::StackUnderflow { opcode: "STOP" });
+                    }
+                    return self.pop("STOP");
+                }
+                b'(' => {
+                    if self.marks.len() as u64 >= self.limits.max_marks {
+                        return self.limit("open MARKs", self.limits.max_marks);
+                    }
+                    self.marks.push(self.stack.len());
+                }
+                b'0' => {
+                    self.pop("POP")?;
+                }
+                b'1' => {
+                    let mark = self.pop_mark("POP_MARK")?;
+                    self.stack.truncate(mark);
+                }
+                b'2' => {
+                    let v = self.top("DUP")?;
+                    self.push(v)?;
+                }
+                b'N' => self.push(Value::None)?,
+                0x88 => self.push(Value::Bool(true))?,
+                0x89 => self.push(Value::Bool(false))?,
+                b'J' => {
+                    let v = i32::from_le_bytes(self.input.array()?);
+                    self.push(Value::Int(v as i64))?;
+                }
+                b'K' => {
+                    let v = self.input.byte()?;
+                    self.push(Value::Int(v as i64))?;
+                }
+                b'M' => {
+                    let v = u16::from_le_bytes(self.input.array()?);
+                    self.push(Value::Int(v as i64))?;
+                }
+                0x8a => {
+                    let n = self.input.byte()? as u64;
+                    self.long(n)?;
+                }
+                0x8b => {
+                    let n = u32::from_le_bytes(self.input.array()?) as u64;
+                    self.long(n)?;
+                }
+                b'G' => {
+                    let v = f64::from_be_bytes(self.input.array()?);
+                    self.push(Value::Float(v))?;
+                }
+                b'I' | b'L' | b'F' => {
+                    let line = self.text_line()?;
+                    let v = match super::text::number(op, &line) {
+                        Some(v) => v,
+                        None => return self.err(ErrorKind::BadText("number")),
+                    };
+                    self.push(v)?;
+                }
+                0x8c => {
+                    let n = self.input.byte()? as u64;
+                    self.string(n, false)?;
+                }
+                b'X' => {
+                    let n = u32::from_le_bytes(self.input.array()?) as u64;
+                    self.string(n, false)?;
+                }
+                0x8d => {
+                    let n = u64::from_le_bytes(self.input.array()?);
+                    self.string(n, false)?;
+                }
+                b'U' => {
+                    let n = self.input.byte()? as u64;
+                    self.string(n, false)?;
+                }
+                b'T' => {
+                    let n = u32::from_le_bytes(self.input.array()?) as u64;
+                    self.string(n, false)?;
+                }
+                b'C' => {
+                    let n = self.input.byte()? as u64;
+                    self.string(n, true)?;
+                }
+                b'B' => {
+                    let n = u32::from_le_bytes(self.input.array()?) as u64;
+                    self.string(n, true)?;
+                }
+                0x8e | 0x96 => {
+                    let n = u64::from_le_bytes(self.input.array()?);
+                    self.string(n, true)?;
+                }
+                b'S' | b'V' => {
+                    let line = self.text_line()?;
+                    let Some(text) = super::text::plain_string(op, &line) else {
+                        return self.err(ErrorKind::BadText("text string"));
+                    };
+                    let Some(id) = self.heap.strings.intern(&text, self.limits.max_total_string_bytes) else {
+                        return self.limit("total string bytes", self.limits.max_total_string_bytes);
+                    };
+                    self.push(Value::Str(id))?;
+                }
+                b']' => {
+                    let id = self.new_node(Kind::List)?;
+                    self.push(Value::Node(id))?;
+                }
+                b'}' => {
+                    let id = self.new_node(Kind::Dict)?;
+                    self.push(Value::Node(id))?;
+                }
+                b')' => {
+                    let id = self.new_node(Kind::Tuple)?;
+                    self.push(Value::Node(id))?;
+                }
+                0x8f => {
+                    let id = self.new_node(Kind::Set)?;
+                    self.push(Value::Node(id))?;
+                }
+                0x85..=0x87 => {
+                    let n = (op - 0x84) as usize;
+                    let floor = self.marks.last().copied().unwrap_or(0);
+                    if self.stack.len() < floor + n {
+                        return self.err(ErrorKind::StackUnderflow { opcode: "TUPLE1/2/3" });
+                    }
+                    let id = self.new_node(Kind::Tuple)?;
+                    self.extend(id, self.stack.len() - n)?;
+                    self.push(Value::Node(id))?;
+                }
+                b't' => self.collect(Kind::Tuple, "TUPLE")?,
+                b'l' => self.collect(Kind::List, "LIST")?,
+                b'd' => self.collect(Kind::Dict, "DICT")?,
+                0x91 => self.collect(Kind::Set, "FROZENSET")?,
+                b'a' => {
+                    let floor = self.marks.last().copied().unwrap_or(0);
+                    if self.stack.len() < floor + 2 {
+                        return self.err(ErrorKind::StackUnderflow { opcode: "APPEND" });
+                    }
+                    let list = self.stack[self.stack.len() - 2];
+                    let id = self.target(list, "APPEND", "a list", &[Kind::List])?;
+                    self.extend(id, self.stack.len() - 1)?;
+                }
+                b'e' => self.extend_from_mark("APPENDS", "a list", &[Kind::List])?,
+                b's' => {
+                    let floor = self.marks.last().copied().unwrap_or(0);
+                    if self.stack.len() < floor + 3 {
+                        return self.err(ErrorKind::StackUnderflow { opcode: "SETITEM" });
+                    }
+                    let dict = self.stack[self.stack.len() - 3];
+                    let id = self.target(dict, "SETITEM", "a dict", &[Kind::Dict])?;
+                    self.extend(id, self.stack.len() - 2)?;
+                }
+                b'u' => self.extend_from_mark("SETITEMS", "a dict", &[Kind::Dict])?,
+                0x90 => self.extend_from_mark("ADDITEMS", "a set", &[Kind::Set])?,
+                0x94 => {
+                    let index = self.memo.slots.len() as u64;
+                    self.memo_put(index)?;
+                }
+                b'q' => {
+                    let i = self.input.byte()? as u64;
+                    self.memo_put(i)?;
+                }
+                b'r' => {
+                    let i = u32::from_le_bytes(self.input.array()?) as u64;
+                    self.memo_put(i)?;
+                }
+                b'p' => {
+                    let i = self.text_index()?;
+                    self.memo_put(i)?;
+                }
+                b'h' => {
+                    let i = self.input.byte()? as u64;
+                    self.memo_get(i)?;
+                }
+                b'j' => {
+                    let i = u32::from_le_bytes(self.input.array()?) as u64;
+                    self.memo_get(i)?;
+                }
+                b'g' => {
+                    let i = self.text_index()?;
+                    self.memo_get(i)?;
+                }
+                _ => {
+                    return match refused_name(op) {
+                        Some(opcode) => self.err(ErrorKind::Refused { opcode }),
+                        None => self.err(ErrorKind::UnknownOpcode(op)),
+                    };
+                }
+            }
+        }
+    }
+}

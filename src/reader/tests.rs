@@ -1,0 +1,129 @@
+//! Unit tests of the reader on hand-made pickles. Real snapshots are tested in `tests/`.
+
+use super::*;
+
+fn read(bytes: &[u8]) -> Result<Parsed, ReadError> {
+    read_pickle(bytes, &Limits::default(), &mut KeepAll).map_err(|f| match f {
+        Failure::Read(e) => e,
+        Failure::Sink { error, .. } => match error {},
+    })
+}
+
+fn err(bytes: &[u8]) -> ReadError {
+    read(bytes).expect_err("should fail")
+}
+
+#[test]
+fn shared_values_stay_shared() {
+    // Python: f={'a':1}; l=[f]; pickle.dumps([l,l], protocol=4)
+    // (the shape serde-pickle 1.2 rejects as recursive)
+    let bytes = b"\x80\x04\x95\x13\x00\x00\x00\x00\x00\x00\x00]\x94(]\x94}\x94\x8c\x01a\x94K\x01sah\x01e.";
+    let parsed = read(bytes).unwrap();
+    let Value::Node(outer) = parsed.root else { panic!("root {:?}", parsed.root) };
+    let items: Vec<Value> = parsed.heap.items(outer).collect();
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[0], items[1], "both entries are the same list");
+    let Value::Node(inner) = items[0] else { panic!() };
+    let Value::Node(dict) = parsed.heap.items(inner).next().unwrap() else { panic!() };
+    let a = parsed.heap.strings.find("a").unwrap();
+    assert_eq!(parsed.heap.get(dict, a), Some(Value::Int(1)));
+    assert_eq!(parsed.protocol, Some(4));
+}
+
+#[test]
+fn global_and_reduce_are_refused_with_offset() {
+    // pickle.dumps(os.system) at protocol 2 style: c os\nsystem\n (S'echo'\n tR.
+    let e = err(b"\x80\x02cos\nsystem\nq\x00.");
+    assert_eq!(e.kind, ErrorKind::Refused { opcode: "GLOBAL" });
+    assert_eq!(e.offset, 2);
+    let e = err(b"\x80\x04N)R.");
+    assert_eq!(e.kind, ErrorKind::Refused { opcode: "REDUCE" });
+    assert_eq!(e.offset, 4);
+    assert!(e.to_string().contains("REDUCE") && e.to_string().contains("byte 4"), "{e}");
+}
+
+#[test]
+fn memo_get_of_missing_index() {
+    let e = err(b"\x80\x04h\x07.");
+    assert_eq!(e.kind, ErrorKind::MemoMissing(7));
+    assert_eq!(e.offset, 2);
+}
+
+#[test]
+fn huge_length_prefix_is_refused_before_allocating() {
+    let mut bytes = b"\x80\x04\x8d".to_vec();
+    bytes.extend_from_slice(&(1u64 << 62).to_le_bytes());
+    let e = err(&bytes);
+    assert!(matches!(e.kind, ErrorKind::Limit { what: "string length in bytes", .. }), "{e}");
+}
+
+#[test]
+fn truncation_anywhere_is_an_error() {
+    let bytes = b"\x80\x04\x95\x13\x00\x00\x00\x00\x00\x00\x00]\x94(]\x94}\x94\x8c\x01a\x94K\x01sah\x01e.";
+    for cut in 0..bytes.len() {
+        let e = err(&bytes[..cut]);
+        assert!(e.offset <= cut as u64, "cut {cut}: {e}");
+    }
+}
+
+#[test]
+fn deep_nesting_is_capped() {
+    let mut bytes = b"\x80\x04".to_vec();
+    for _ in 0..100_000 {
+        bytes.push(b']');
+    }
+    for _ in 0..99_999 {
+        bytes.push(b'a');
+    }
+    bytes.push(b'.');
+    let e = err(&bytes);
+    assert!(matches!(e.kind, ErrorKind::Limit { what: "nesting depth", .. }), "{e}");
+}
+
+#[test]
+fn self_containing_list_is_refused() {
+    // l = []; l.append(l)
+    let e = err(b"\x80\x04]\x94h\x00a.");
+    assert_eq!(e.kind, ErrorKind::Recursive);
+}
+
+#[test]
+fn protocol_above_5_is_refused() {
+    assert_eq!(err(b"\x80\x06N.").kind, ErrorKind::UnsupportedProtocol(6));
+}
+
+#[test]
+fn stop_with_extra_values_is_an_error() {
+    assert!(matches!(err(b"NN.").kind, ErrorKind::StackUnderflow { .. }));
+    assert_eq!(err(b"").kind, ErrorKind::NoStop);
+}
+
+#[test]
+fn long1_reads_addresses() {
+    // pickle.dumps(140396810207232, protocol=4) -> LONG1 with 6 bytes
+    let parsed = read(b"\x80\x04\x8a\x06\x00\x00\x00\xae\xb0\x7f.").unwrap();
+    assert_eq!(parsed.root, Value::Int(140396810207232));
+}
+
+#[test]
+fn json_reads_into_the_same_heap() {
+    let text = br#"{"segments": [{"address": 5, "blocks": []}], "x": [1.5, null, true, "s"]}"#;
+    let parsed = read_json(&text[..], &Limits::default(), &mut KeepAll).unwrap();
+    let Value::Node(root) = parsed.root else { panic!() };
+    let segs = parsed.heap.strings.find("segments").unwrap();
+    let Some(Value::Node(list)) = parsed.heap.get(root, segs) else { panic!() };
+    assert_eq!(parsed.heap.len(list), 1);
+}
+
+#[test]
+fn json_errors_name_an_offset() {
+    let text = br#"{"segments": [1, 2, }"#;
+    let e = match read_json(&text[..], &Limits::default(), &mut KeepAll) {
+        Err(Failure::Read(e)) => e,
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(e.kind, ErrorKind::Json(_)), "{e}");
+    assert!(e.offset >= 18 && e.offset <= 21, "{e}");
+    let deep = "[".repeat(1_000_000);
+    assert!(read_json(deep.as_bytes(), &Limits::default(), &mut KeepAll).is_err());
+}

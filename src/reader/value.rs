@@ -1,0 +1,278 @@
+//! The values the reader produces: scalars inline, strings and containers by handle.
+//!
+//! Containers live in a [`Heap`] and are referred to by index, so a value the pickle shares
+//! (a memoized frame dict, a stack list) stays one object however often it is referenced.
+//! Strings are interned by content. A [`Value`] is 16 bytes.
+
+use foldhash::HashMap;
+
+/// Index into [`Strings`].
+pub type StrId = u32;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Value {
+    None,
+    Bool(bool),
+    Int(i64),
+    /// An int in [2^63, 2^64): torch writes `size_t(-1)` as the line of frames it has none for.
+    UInt(u64),
+    Float(f64),
+    Str(StrId),
+    /// Raw bytes from BINBYTES and friends, kept as a (lossy) string.
+    Bytes(StrId),
+    /// A list, tuple, dict or set in the heap.
+    Node(u32),
+    /// A dict or list the sink replaced by an id of its own (see [`super::Sink`]).
+    Folded(u32),
+}
+
+impl Value {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::None => "None",
+            Value::Bool(_) => "bool",
+            Value::Int(_) | Value::UInt(_) => "int",
+            Value::Float(_) => "float",
+            Value::Str(_) => "str",
+            Value::Bytes(_) => "bytes",
+            Value::Node(_) => "container",
+            Value::Folded(_) => "folded value",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    List,
+    Tuple,
+    Dict,
+    Set,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::List => "list",
+            Kind::Tuple => "tuple",
+            Kind::Dict => "dict",
+            Kind::Set => "set",
+        }
+    }
+}
+
+/// A run of consecutive folded ids is stored as one item, so a list of three million trace
+/// entries costs a few bytes instead of 48 MB.
+#[derive(Debug, Clone, Copy)]
+enum Item {
+    One(Value),
+    FoldedRun { start: u32, len: u32 },
+}
+
+/// Per-container bookkeeping: 8 bytes, because a real snapshot has millions of containers.
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    kind: Kind,
+    /// Placed into another container (or folded): it may no longer change. This is what makes
+    /// cycles impossible: closing a cycle always means changing a container already placed.
+    sealed: bool,
+    folded: bool,
+    depth: u16,
+    /// Index into `Heap::slots`, or the folded id once folded.
+    slot: u32,
+}
+
+/// All containers of one read, addressed by index.
+#[derive(Debug, Default)]
+pub struct Heap {
+    heads: Vec<Head>,
+    /// Item lists of live containers; a folded dict's list is recycled through `free`.
+    slots: Vec<Vec<Item>>,
+    free: Vec<u32>,
+    pub strings: Strings,
+    values: u64,
+}
+
+impl Heap {
+    pub fn container_count(&self) -> u64 {
+        self.heads.len() as u64
+    }
+    pub fn value_count(&self) -> u64 {
+        self.values
+    }
+
+    pub(super) fn new_node(&mut self, kind: Kind) -> u32 {
+        let id = self.heads.len() as u32;
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push(Vec::new());
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.heads.push(Head { kind, sealed: false, folded: false, depth: 1, slot });
+        id
+    }
+
+    pub fn kind(&self, id: u32) -> Kind {
+        self.heads[id as usize].kind
+    }
+    pub fn depth(&self, id: u32) -> u32 {
+        self.heads[id as usize].depth as u32
+    }
+    pub(super) fn folded(&self, id: u32) -> Option<u32> {
+        let h = self.heads[id as usize];
+        h.folded.then_some(h.slot)
+    }
+    pub(super) fn sealed(&self, id: u32) -> bool {
+        self.heads[id as usize].sealed
+    }
+    pub(super) fn seal(&mut self, id: u32) {
+        self.heads[id as usize].sealed = true;
+    }
+    pub(super) fn fold(&mut self, id: u32, folded: u32) {
+        let head = &mut self.heads[id as usize];
+        let mut items = std::mem::take(&mut self.slots[head.slot as usize]);
+        self.values -= items.len() as u64;
+        items.clear();
+        self.slots[head.slot as usize] = items;
+        self.free.push(head.slot);
+        head.folded = true;
+        head.slot = folded;
+    }
+
+    /// Depth a value adds to a container holding it.
+    pub(super) fn value_depth(&self, v: Value) -> u32 {
+        match v {
+            Value::Node(id) => self.depth(id),
+            Value::Folded(_) => 2,
+            _ => 0,
+        }
+    }
+
+    fn items_of(&self, id: u32) -> &[Item] {
+        let h = self.heads[id as usize];
+        if h.folded { &[] } else { &self.slots[h.slot as usize] }
+    }
+
+    /// Appends `v`, whose depth the caller computed and checked (the VM caps it far below
+    /// u16).
+    pub(super) fn push(&mut self, id: u32, v: Value, v_depth: u32) {
+        self.extend(id, &[v], v_depth);
+    }
+
+    /// Appends settled values whose greatest depth is `max_depth`, with one lookup of the
+    /// container. Runs of folded ids merge in lists only, so a dict's items stay key, value, ...
+    pub(super) fn extend(&mut self, id: u32, values: &[Value], max_depth: u32) {
+        self.values += values.len() as u64;
+        let d = (max_depth + 1).min(u16::MAX as u32) as u16;
+        let head = &mut self.heads[id as usize];
+        head.depth = head.depth.max(d);
+        let is_list = head.kind == Kind::List;
+        let items = &mut self.slots[head.slot as usize];
+        items.reserve(values.len());
+        for &v in values {
+            if let (Value::Folded(f), true) = (v, is_list) {
+                if let Some(Item::FoldedRun { start, len }) = items.last_mut() {
+                    if start.checked_add(*len) == Some(f) {
+                        *len += 1;
+                        continue;
+                    }
+                }
+                items.push(Item::FoldedRun { start: f, len: 1 });
+            } else {
+                items.push(Item::One(v));
+            }
+        }
+    }
+
+    /// Number of items (a dict's keys and values count separately).
+    pub fn len(&self, id: u32) -> usize {
+        self.items_of(id)
+            .iter()
+            .map(|i| match i {
+                Item::One(_) => 1,
+                Item::FoldedRun { len, .. } => *len as usize,
+            })
+            .sum()
+    }
+
+    /// The items of a list, tuple or set (or a dict's keys and values interleaved).
+    pub fn items(&self, id: u32) -> impl Iterator<Item = Value> + '_ {
+        self.items_of(id).iter().flat_map(|i| {
+            let (one, run) = match *i {
+                Item::One(v) => (Some(v), 0..0),
+                Item::FoldedRun { start, len } => (None, start..start + len),
+            };
+            one.into_iter().chain(run.map(Value::Folded))
+        })
+    }
+
+    /// Consecutive folded ids held by a list, when that is all it holds.
+    pub fn folded_run(&self, id: u32) -> Option<std::ops::Range<u32>> {
+        match self.items_of(id) {
+            [] => Some(0..0),
+            [Item::FoldedRun { start, len }] => Some(*start..*start + *len),
+            _ => None,
+        }
+    }
+
+    /// Key-value pairs of a dict.
+    pub fn pairs(&self, id: u32) -> impl Iterator<Item = (Value, Value)> + '_ {
+        // Dict items never merge into runs (see `push`), so each item is one value.
+        let one = |i: &Item| match *i {
+            Item::One(v) => v,
+            Item::FoldedRun { start, .. } => Value::Folded(start),
+        };
+        self.items_of(id).chunks_exact(2).map(move |kv| (one(&kv[0]), one(&kv[1])))
+    }
+
+    /// The value under a string key of a dict.
+    pub fn get(&self, id: u32, key: StrId) -> Option<Value> {
+        self.pairs(id).find(|(k, _)| *k == Value::Str(key)).map(|(_, v)| v)
+    }
+}
+
+/// Interned string content.
+#[derive(Debug, Default)]
+pub struct Strings {
+    text: String,
+    spans: Vec<(u32, u32)>,
+    index: HashMap<Box<str>, StrId>,
+}
+
+impl Strings {
+    /// The id of `s`, adding it if new. `None` if the table would pass `max_bytes`.
+    pub fn intern(&mut self, s: &str, max_bytes: u64) -> Option<StrId> {
+        if let Some(&id) = self.index.get(s) {
+            return Some(id);
+        }
+        if (self.text.len() + s.len()) as u64 > max_bytes || self.text.len() + s.len() > u32::MAX as usize {
+            return None;
+        }
+        let id = self.spans.len() as StrId;
+        self.spans.push((self.text.len() as u32, s.len() as u32));
+        self.text.push_str(s);
+        self.index.insert(s.into(), id);
+        Some(id)
+    }
+
+    /// The id of `s` if it was ever interned.
+    pub fn find(&self, s: &str) -> Option<StrId> {
+        self.index.get(s).copied()
+    }
+
+    pub fn get(&self, id: StrId) -> &str {
+        match self.spans.get(id as usize) {
+            Some(&(start, len)) => &self.text[start as usize..(start + len) as usize],
+            None => "",
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+}

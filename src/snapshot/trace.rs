@@ -1,0 +1,80 @@
+//! Trace events: one compact record per entry of `device_traces`.
+//!
+//! | action | addr | size |
+//! |---|---|---|
+//! | alloc | block address | the requested bytes, not the rounded block size |
+//! | free_requested | block | requested bytes |
+//! | free_completed | block | requested bytes (after `record_stream` waits, later than free_requested) |
+//! | segment_alloc / segment_free | segment (cudaMalloc / cudaFree) | segment bytes |
+//! | segment_map / segment_unmap | start of the range (expandable segments only) | bytes, whole pages |
+//! | snapshot | 0 | total active bytes |
+//! | oom | `device_free` (cudaMemGetInfo free bytes) | the rounded request |
+//!
+//! Unknown actions are kept with their name, so newer torch versions still load.
+
+/// An action code: the known ones are constants; codes from `FIRST_UNKNOWN` on name actions
+/// this version does not know, through [`super::Snapshot::action_name`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Action(pub u8);
+
+impl Action {
+    pub const ALLOC: Action = Action(0);
+    pub const FREE_REQUESTED: Action = Action(1);
+    pub const FREE_COMPLETED: Action = Action(2);
+    pub const SEGMENT_ALLOC: Action = Action(3);
+    pub const SEGMENT_FREE: Action = Action(4);
+    pub const SEGMENT_MAP: Action = Action(5);
+    pub const SEGMENT_UNMAP: Action = Action(6);
+    pub const SNAPSHOT: Action = Action(7);
+    pub const OOM: Action = Action(8);
+    pub const FIRST_UNKNOWN: u8 = 9;
+
+    /// Names of the known actions, indexed by code.
+    pub const KNOWN: [&'static str; 9] = [
+        "alloc",
+        "free_requested",
+        "free_completed",
+        "segment_alloc",
+        "segment_free",
+        "segment_map",
+        "segment_unmap",
+        "snapshot",
+        "oom",
+    ];
+
+    pub fn known(name: &str) -> Option<Action> {
+        Self::KNOWN.iter().position(|n| *n == name).map(|i| Action(i as u8))
+    }
+}
+
+/// Marks an event whose entry had no `time_us`.
+pub const NO_TIME: i64 = i64::MIN;
+
+/// One trace entry, 32 bytes. Strings that few entries carry (compile context, user metadata)
+/// live in [`super::Snapshot::extras`] instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    /// Block or segment address; for `oom`, the `device_free` bytes.
+    pub addr: u64,
+    pub size: u64,
+    pub time_us: i64,
+    pub stack: super::StackId,
+    /// Index into [`super::Snapshot::streams`].
+    pub stream: u16,
+    pub action: Action,
+}
+
+impl Event {
+    pub fn time(&self) -> Option<i64> {
+        (self.time_us != NO_TIME).then_some(self.time_us)
+    }
+}
+
+/// The rarely-set strings of one event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extra {
+    /// Index of the event in [`super::Snapshot::events`].
+    pub event: u32,
+    pub compile_context: Option<crate::reader::StrId>,
+    pub user_metadata: Option<crate::reader::StrId>,
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Writes the hostile-input corpus beside this script. Run it again after changing it; the
+outputs are committed so the tests need no Python to exist. Each file is one kind of attack;
+tests/integration/hostile.rs names the error each one must get."""
+import gzip, json, os, pickle, random, struct
+
+here = os.path.dirname(os.path.abspath(__file__))
+
+
+def write(name, data):
+    with open(os.path.join(here, name), "wb") as f:
+        f.write(data)
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /tmp/fragscope-pwned",))
+
+
+# A pickle that imports os.system and calls it: GLOBAL + REDUCE (protocol 2) ...
+write("global_reduce.pickle", pickle.dumps(Evil(), protocol=2))
+# ... and the protocol 4 form: STACK_GLOBAL.
+write("stack_global.pickle", pickle.dumps({"segments": [Evil()]}, protocol=4))
+# A string whose length prefix claims 2**62 bytes.
+write("huge_length.pickle", b"\x80\x04\x8d" + struct.pack("<Q", 1 << 62) + b"abc.")
+# A string that claims 1 GB (under 2**32, over the per-string cap), with 3 bytes behind it.
+write("gigabyte_string.pickle", b"\x80\x04X" + struct.pack("<I", 1 << 30) + b"abc.")
+# 100,000 nested lists: [[[[...]]]]
+write("deep_nesting.pickle", b"\x80\x04" + b"]" * 100_000 + b"a" * 99_999 + b".")
+# A memo get of an index that was never put.
+write("memo_missing.pickle", b"\x80\x04}\x94(\x8c\x08segments\x94j\x07\x00\x00\x00u.")
+# A gzip bomb: a valid pickle prefix, then NONE/POP pairs forever: 1 GiB unpacked.
+with gzip.GzipFile(os.path.join(here, "gzip_bomb.pickle.gz"), "wb", compresslevel=9, mtime=0) as g:
+    g.write(b"\x80\x04")
+    chunk = b"N0" * (1 << 20)
+    for _ in range(512):
+        g.write(chunk)
+# JSON with the right keys and the wrong types.
+write("json_wrong_types.json", json.dumps({"segments": [{"address": "0x7f00", "total_size": 2097152, "blocks": []}]}).encode())
+# JSON nested 1,000,000 deep.
+write("json_deep.json", b"[" * 1_000_000)
+write("empty.pickle", b"")
+random.seed(7)
+write("random.bin", bytes(random.getrandbits(8) for _ in range(4096)))
+# A valid pickle that is not a snapshot.
+write("not_a_snapshot.pickle", pickle.dumps({"weights": [1.0, 2.0], "epoch": 3}, protocol=4))
+# A snapshot whose trace entry has a str where an int belongs.
+write("trace_wrong_type.pickle", pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": "big", "stream": 0}]]}, protocol=4))
+# A truncated real-shaped snapshot (the end cut off).
+write("truncated.pickle", pickle.dumps({"segments": [{"address": 1 << 40, "total_size": 2 << 20, "blocks": [{"size": 2 << 20, "state": "inactive"}]}], "device_traces": [[]]}, protocol=4)[:-9])

@@ -1,0 +1,80 @@
+//! The hostile corpus (tests/hostile, made by make_corpus.py): each file gets a one-line error
+//! naming what is wrong, exit code 2, within bounded time and memory, and nothing is executed.
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::util::*;
+
+/// File, and words its error message must contain.
+const CASES: [(&str, &[&str]); 15] = [
+    ("global_reduce.pickle", &["GLOBAL", "byte"]),
+    ("stack_global.pickle", &["STACK_GLOBAL", "byte"]),
+    ("huge_length.pickle", &["string length", "limit", "byte 2"]),
+    ("gigabyte_string.pickle", &["string length", "limit"]),
+    ("deep_nesting.pickle", &["nesting depth", "byte"]),
+    ("memo_missing.pickle", &["memo index 7", "byte"]),
+    ("gzip_bomb.pickle.gz", &["decompression bomb", "gzip"]),
+    ("json_wrong_types.json", &["segments[0].address", "int", "str"]),
+    ("json_deep.json", &["JSON", "recursion"]),
+    ("empty.pickle", &["empty"]),
+    ("random.bin", &["byte"]),
+    ("not_a_snapshot.pickle", &["not a valid memory snapshot", "segments", "weights"]),
+    ("trace_wrong_type.pickle", &["size", "non-negative int", "str"]),
+    ("truncated.pickle", &["byte"]),
+    ("deep_nesting.pickle", &["limit of 64"]),
+];
+
+/// Runs the CLI on a file under a 1 GiB address-space cap; returns (exit code, stderr).
+fn analyze_capped(path: &std::path::Path) -> (Option<i32>, String) {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg("ulimit -v 1048576; exec \"$0\" analyze \"$1\"").arg(bin()).arg(path);
+    let out = run_bounded(cmd, Duration::from_secs(60));
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn every_hostile_file_gets_a_clear_error_and_exit_code_2() {
+    let _ = std::fs::remove_file("/tmp/fragscope-pwned");
+    let mut failures = Vec::new();
+    for (file, words) in CASES {
+        let (code, stderr) = analyze_capped(&hostile().join(file));
+        if code != Some(2) {
+            failures.push(format!("{file}: exit {code:?}, stderr {stderr}"));
+        }
+        if stderr.trim().lines().count() != 1 {
+            failures.push(format!("{file}: error is not one line: {stderr}"));
+        }
+        for w in words {
+            if !stderr.contains(w) {
+                failures.push(format!("{file}: error lacks {w:?}: {stderr}"));
+            }
+        }
+    }
+    assert!(!std::path::Path::new("/tmp/fragscope-pwned").exists(), "a pickle ran code");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn truncation_at_every_offset_is_an_error_within_the_input() {
+    let bytes = std::fs::read(snapshot_path("seed_frag_default")).unwrap();
+    for cut in 0..bytes.len() {
+        match fragscope::ingest::ingest(std::io::Cursor::new(bytes[..cut].to_vec()), &Default::default()) {
+            Ok(_) => panic!("cut at {cut} was accepted"),
+            Err(fragscope::ingest::IngestError::Read { error, .. }) => {
+                assert!(error.offset <= cut as u64, "cut {cut}: offset {}", error.offset)
+            }
+            Err(fragscope::ingest::IngestError::Empty) => assert_eq!(cut, 0),
+            Err(other) => panic!("cut {cut}: unexpected {other}"),
+        }
+    }
+}
+
+#[test]
+fn truncated_compressed_files_are_errors() {
+    let raw = std::fs::read(snapshot_path("train_gpt_default")).unwrap();
+    for cut in [1, 5, 100, raw.len() / 3, raw.len() - 1] {
+        let r = fragscope::ingest::ingest(std::io::Cursor::new(raw[..cut].to_vec()), &Default::default());
+        assert!(r.is_err(), "zstd cut at {cut} accepted");
+    }
+}

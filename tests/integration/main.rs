@@ -1,0 +1,6 @@
+//! One integration-test binary (faster to link than one per file). Each module is one family.
+
+mod hostile;
+mod truth;
+mod util;
+mod variants;
