@@ -81,6 +81,8 @@ impl std::error::Error for IngestError {}
 /// decoder, so hashing and I/O overlap parsing (sha256 alone is a tenth of a big ingest).
 struct Prefetch {
     chunks: std::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    /// Spent buffers go back to the reading thread, so the same few pages are reused.
+    spent: std::sync::mpsc::Sender<Vec<u8>>,
     current: Vec<u8>,
     pos: usize,
     done: Option<std::thread::JoinHandle<(String, u64)>>,
@@ -91,10 +93,12 @@ const CHUNK: usize = 1 << 20;
 impl Prefetch {
     fn start<R: Read + Send + 'static>(mut raw: R, progress: Option<Arc<AtomicU64>>) -> Self {
         let (tx, rx) = std::sync::mpsc::sync_channel(4);
+        let (spent_tx, spent_rx) = std::sync::mpsc::channel::<Vec<u8>>();
         let done = std::thread::spawn(move || {
             let (mut hasher, mut count) = (Sha256::new(), 0u64);
             loop {
-                let mut buf = vec![0u8; CHUNK];
+                let mut buf = spent_rx.try_recv().unwrap_or_default();
+                buf.resize(CHUNK, 0);
                 let n = match read_full(&mut raw, &mut buf) {
                     Ok(n) => n,
                     Err(e) => {
@@ -115,7 +119,23 @@ impl Prefetch {
             }
             (hasher.finalize().iter().map(|b| format!("{b:02x}")).collect(), count)
         });
-        Prefetch { chunks: rx, current: Vec::new(), pos: 0, done: Some(done) }
+        Prefetch { chunks: rx, spent: spent_tx, current: Vec::new(), pos: 0, done: Some(done) }
+    }
+
+    /// The next bytes, without consuming them (empty at the end of the input).
+    fn peek(&mut self) -> std::io::Result<&[u8]> {
+        if self.pos == self.current.len() {
+            match self.chunks.recv() {
+                Ok(Ok(chunk)) => {
+                    let spent = std::mem::replace(&mut self.current, chunk);
+                    let _ = self.spent.send(spent);
+                    self.pos = 0;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {}
+            }
+        }
+        Ok(&self.current[self.pos..])
     }
 
     /// Drops the decoder's side and waits for the hash of the whole input.
@@ -144,7 +164,8 @@ impl Read for Prefetch {
         if self.pos == self.current.len() {
             match self.chunks.recv() {
                 Ok(Ok(chunk)) => {
-                    self.current = chunk;
+                    let spent = std::mem::replace(&mut self.current, chunk);
+                    let _ = self.spent.send(spent);
                     self.pos = 0;
                 }
                 Ok(Err(e)) => return Err(e),
@@ -242,8 +263,8 @@ type Decoded = (Snapshot, &'static str, &'static str, Option<u8>);
 
 fn decode_any(raw: &mut Prefetch, options: &Options) -> Result<Decoded, IngestError> {
     Ok({
-        let mut outer = BufReader::with_capacity(64 << 10, raw);
-        let format = sniff(outer.fill_buf().map_err(IngestError::Io)?)?;
+        let format = sniff(raw.peek().map_err(IngestError::Io)?)?;
+        let mut outer = raw;
         match format {
             Format::Pickle | Format::Json => {
                 let (s, p) = decode(&mut outer, format, options, "")?;

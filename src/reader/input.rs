@@ -62,8 +62,19 @@ impl<R: Read> Input<R> {
     }
 
     /// The next byte, or None at a clean end of input.
-    #[inline]
+    #[inline(always)]
     pub fn next_byte(&mut self) -> Result<Option<u8>, ReadError> {
+        if self.pos < self.end {
+            let b = self.buf[self.pos];
+            self.pos += 1;
+            return Ok(Some(b));
+        }
+        self.next_byte_slow()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn next_byte_slow(&mut self) -> Result<Option<u8>, ReadError> {
         if self.pos == self.end && !self.fill()? {
             return Ok(None);
         }
@@ -72,13 +83,13 @@ impl<R: Read> Input<R> {
         Ok(Some(b))
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn byte(&mut self) -> Result<u8, ReadError> {
         self.next_byte()?.ok_or_else(|| self.error(ErrorKind::Truncated))
     }
 
     /// Exactly N bytes.
-    #[inline]
+    #[inline(always)]
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N], ReadError> {
         if self.end - self.pos >= N {
             let mut out = [0u8; N];
@@ -86,6 +97,12 @@ impl<R: Read> Input<R> {
             self.pos += N;
             return Ok(out);
         }
+        self.array_slow()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn array_slow<const N: usize>(&mut self) -> Result<[u8; N], ReadError> {
         let mut out = [0u8; N];
         for slot in out.iter_mut() {
             *slot = self.byte()?;
@@ -112,6 +129,29 @@ impl<R: Read> Input<R> {
             self.pos += k;
         }
         Ok(scratch)
+    }
+
+    /// The next byte if the buffer holds it (no refill: callers fall back to the slow path).
+    #[inline(always)]
+    pub fn peek(&self) -> Option<u8> {
+        self.buf.get(self.pos).copied().filter(|_| self.pos < self.end)
+    }
+
+    /// Skips `n` bytes that `peek` or `take_buffered` showed are buffered.
+    #[inline(always)]
+    pub fn skip(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.end);
+    }
+
+    /// `n` bytes if the buffer already holds them (the fast path of small operands).
+    #[inline]
+    pub fn take_buffered(&mut self, n: usize) -> Option<&[u8]> {
+        if self.end - self.pos < n {
+            return None;
+        }
+        let start = self.pos;
+        self.pos += n;
+        Some(&self.buf[start..start + n])
     }
 
     /// A newline-terminated line (text opcodes of protocols 0 and 1), without the newline.

@@ -129,10 +129,12 @@ impl<'de, S: Sink> Visitor<'de> for &mut Builder<'_, S> {
         while let Some(v) = seq.next_element_seed(&mut *self)? {
             self.add(id, v)?;
         }
-        if self.heap.len(id) == 0 {
+        let len = self.heap.len(id);
+        if len == 0 || len > 4096 {
             return Ok(Value::Node(id));
         }
-        let folded = self.sink.fold_list(&self.heap, id);
+        let items: Vec<Value> = self.heap.items(id).collect();
+        let folded = self.sink.fold_list(&self.heap, &items);
         self.finish(id, folded)
     }
 
@@ -143,7 +145,8 @@ impl<'de, S: Sink> Visitor<'de> for &mut Builder<'_, S> {
             self.add(id, k)?;
             self.add(id, v)?;
         }
-        let folded = self.sink.fold_dict(&self.heap, id);
+        let items: Vec<Value> = self.heap.items(id).collect();
+        let folded = self.sink.fold_dict(&self.heap, &items);
         self.finish(id, folded)
     }
 }

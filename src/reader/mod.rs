@@ -43,6 +43,12 @@ pub struct Parsed {
 }
 
 /// Listens to the reader. The reader pushes; the sink decides what to keep compactly.
+///
+/// A container is complete when it is placed into another one, or earlier: Python's pickler
+/// writes a container's items right after creating it, in batches of 1000, so a batch of fewer
+/// on a still-empty container is all it will ever get. The pickle VM offers such a batch
+/// straight from its stack, so millions of trace entries never enter the heap. A pickle that
+/// changes a folded container afterwards is refused (Python never writes one).
 pub trait Sink {
     type Error;
 
@@ -50,14 +56,14 @@ pub trait Sink {
     /// comparisons are of ids.
     fn prepare(&mut self, _strings: &mut Strings) {}
 
-    /// Called once for each dict, when it is complete (placed into its parent). Returning
-    /// `Some(id)` replaces the dict by `Value::Folded(id)` and frees its items.
-    fn fold_dict(&mut self, _heap: &Heap, _dict: u32) -> Result<Option<u32>, Self::Error> {
+    /// Called once for each dict when it is complete, with its items (key, value, key, ...).
+    /// Returning `Some(id)` replaces the dict by `Value::Folded(id)`; its items are not kept.
+    fn fold_dict(&mut self, _heap: &Heap, _items: &[Value]) -> Result<Option<u32>, Self::Error> {
         Ok(None)
     }
 
     /// The same for each non-empty list (a stack's frames list, say).
-    fn fold_list(&mut self, _heap: &Heap, _list: u32) -> Result<Option<u32>, Self::Error> {
+    fn fold_list(&mut self, _heap: &Heap, _items: &[Value]) -> Result<Option<u32>, Self::Error> {
         Ok(None)
     }
 }

@@ -13,6 +13,11 @@ use super::{Limits, Parsed, Sink};
 
 type Res<T, E> = Result<T, Failure<E>>;
 
+/// Python's pickler writes APPENDS and SETITEMS in batches of this many values or pairs.
+const PY_BATCH: usize = 1000;
+/// Containers larger than this are never offered to the sink for folding.
+const FOLD_MAX_ITEMS: usize = 4096;
+
 /// Opcodes that would run code or reach outside the data; named for the error message.
 fn refused_name(op: u8) -> Option<&'static str> {
     Some(match op {
@@ -76,14 +81,20 @@ impl Memo {
         true
     }
 
+    /// Plain branches rather than a `match`: the jump table it compiles to mispredicts as
+    /// strings and containers alternate.
     #[inline(always)]
     fn decode(&self, slot: u32) -> Value {
         let payload = slot & MEMO_PAYLOAD;
-        match slot & !MEMO_PAYLOAD {
-            MEMO_NODE => Value::Node(payload),
-            MEMO_STR => Value::Str(payload),
-            MEMO_BYTES => Value::Bytes(payload),
-            _ => self.others[payload as usize],
+        let tag = slot & !MEMO_PAYLOAD;
+        if tag == MEMO_STR {
+            Value::Str(payload)
+        } else if tag == MEMO_NODE {
+            Value::Node(payload)
+        } else if tag == MEMO_BYTES {
+            Value::Bytes(payload)
+        } else {
+            self.others[payload as usize]
         }
     }
 }
@@ -165,7 +176,9 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
         }
     }
 
-    /// A value is leaving the stack for a container: seal it, and let the sink fold a dict.
+    /// A value is leaving the stack for a container: seal it, and let the sink fold it if the
+    /// early path (see [`Sink`]) did not.
+    #[inline]
     fn settle(&mut self, v: Value) -> Res<Value, S::Error> {
         let Value::Node(id) = v else { return Ok(v) };
         if let Some(f) = self.heap.folded(id) {
@@ -175,19 +188,28 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
             return Ok(v);
         }
         self.heap.seal(id);
-        let folded = match self.heap.kind(id) {
-            Kind::Dict => self.sink.fold_dict(&self.heap, id),
-            Kind::List if self.heap.len(id) > 0 => self.sink.fold_list(&self.heap, id),
-            _ => Ok(None),
-        };
+        let kind = self.heap.kind(id);
+        let len = self.heap.len(id);
+        if !matches!(kind, Kind::Dict | Kind::List) || len == 0 || len > FOLD_MAX_ITEMS {
+            return Ok(v);
+        }
+        let items: Vec<Value> = self.heap.items(id).collect();
+        let folded = self.offer(kind, &items)?;
         match folded {
-            Ok(Some(f)) => {
+            Some(f) => {
                 self.heap.fold(id, f);
                 Ok(Value::Folded(f))
             }
-            Ok(None) => Ok(v),
-            Err(error) => Err(Failure::Sink { error, offset: self.at }),
+            None => Ok(v),
         }
+    }
+
+    fn offer(&mut self, kind: Kind, items: &[Value]) -> Res<Option<u32>, S::Error> {
+        let folded = match kind {
+            Kind::Dict => self.sink.fold_dict(&self.heap, items),
+            _ => self.sink.fold_list(&self.heap, items),
+        };
+        folded.map_err(|error| Failure::Sink { error, offset: self.at })
     }
 
     fn new_node(&mut self, kind: Kind) -> Res<u32, S::Error> {
@@ -197,25 +219,33 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
         Ok(self.heap.new_node(kind))
     }
 
-    /// Moves the stack's values from `from` up into container `id` (which must still be open).
-    fn extend(&mut self, id: u32, from: usize) -> Res<(), S::Error> {
+    /// Settles the stack's values from `from` up, to be placed into container `id`; returns
+    /// their greatest depth.
+    fn settle_range(&mut self, id: u32, from: usize) -> Res<u32, S::Error> {
         let n = (self.stack.len() - from) as u64;
         if self.heap.value_count() + n > self.limits.max_values {
             return self.limit("number of values", self.limits.max_values);
         }
         let mut max_depth = 0;
         for i in from..self.stack.len() {
-            let v = self.stack[i];
-            if v == Value::Node(id) {
+            // Scalars and strings need nothing: only containers are sealed or folded.
+            let Value::Node(child) = self.stack[i] else { continue };
+            if child == id {
                 return self.err(ErrorKind::Recursive);
             }
-            let v = self.settle(v)?;
+            let v = self.settle(Value::Node(child))?;
             max_depth = max_depth.max(self.heap.value_depth(v));
             self.stack[i] = v;
         }
         if max_depth + 1 > self.limits.max_depth {
             return self.limit("nesting depth", self.limits.max_depth as u64);
         }
+        Ok(max_depth)
+    }
+
+    /// Moves the stack's values from `from` up into container `id` (which must still be open).
+    fn extend(&mut self, id: u32, from: usize) -> Res<(), S::Error> {
+        let max_depth = self.settle_range(id, from)?;
         self.heap.extend(id, &self.stack[from..], max_depth);
         self.stack.truncate(from);
         Ok(())
@@ -256,14 +286,35 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
             return self.err(ErrorKind::StackUnderflow { opcode });
         }
         let id = self.target(self.stack[mark - 1], opcode, expected, kinds)?;
-        if kinds == [Kind::Dict] && (self.stack.len() - mark) % 2 != 0 {
+        let n = self.stack.len() - mark;
+        let kind = self.heap.kind(id);
+        if kind == Kind::Dict && n % 2 != 0 {
             return self.err(ErrorKind::StackUnderflow { opcode });
         }
-        self.extend(id, mark)
+        let max_depth = self.settle_range(id, mark)?;
+        // The early fold: a short batch on an empty container is its last (see `Sink`).
+        if n > 0 && n < PY_BATCH && kind != Kind::Set && self.heap.is_empty(id) {
+            let items = std::mem::take(&mut self.stack);
+            let folded = self.offer(kind, &items[mark..]);
+            self.stack = items;
+            if let Some(f) = folded? {
+                self.heap.seal(id);
+                self.heap.fold(id, f);
+                self.stack.truncate(mark);
+                return Ok(());
+            }
+        }
+        self.heap.extend(id, &self.stack[mark..], max_depth);
+        self.stack.truncate(mark);
+        Ok(())
     }
 
     fn memo_put(&mut self, index: u64) -> Res<(), S::Error> {
-        let v = self.top("PUT")?;
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() <= floor {
+            return self.err(ErrorKind::StackUnderflow { opcode: "PUT" });
+        }
+        let v = self.stack[self.stack.len() - 1];
         let len = self.memo.slots.len() as u64;
         if index > len {
             // Python's pickler never skips indexes; allow a few, as a map.
@@ -299,8 +350,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
             return self.limit("string length in bytes", self.limits.max_string_bytes);
         }
         let raw = self.input.take(len as usize, &mut self.scratch)?;
-        let text = String::from_utf8_lossy(raw);
-        let Some(id) = self.heap.strings.intern(&text, self.limits.max_total_string_bytes) else {
+        let Some(id) = self.heap.strings.intern_bytes(raw, self.limits.max_total_string_bytes) else {
             return self.limit("total string bytes", self.limits.max_total_string_bytes);
         };
         self.push(if bytes { Value::Bytes(id) } else { Value::Str(id) })
@@ -310,8 +360,13 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
         if len <= 8 {
             // Addresses and times: the common case, without a variable-length copy.
             let mut raw = [0u8; 8];
-            for b in raw.iter_mut().take(len as usize) {
-                *b = self.input.byte()?;
+            match self.input.take_buffered(len as usize) {
+                Some(bytes) => raw[..bytes.len()].copy_from_slice(bytes),
+                None => {
+                    for b in raw.iter_mut().take(len as usize) {
+                        *b = self.input.byte()?;
+                    }
+                }
             }
             let negative = len > 0 && raw[len as usize - 1] & 0x80 != 0;
             if negative {
@@ -340,6 +395,30 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
             Ok(i) => Ok(i),
             Err(_) => self.err(ErrorKind::BadText("memo index")),
         }
+    }
+
+    /// MEMOIZE right after the value it names, done without a trip through the dispatch loop:
+    /// protocol 4 writes it after every string and container.
+    #[inline(always)]
+    fn fused_memoize(&mut self) -> Res<(), S::Error> {
+        if self.input.peek() == Some(0x94) {
+            self.at = self.input.offset();
+            self.input.skip(1);
+            let index = self.memo.slots.len() as u64;
+            self.memo_put(index)?;
+        }
+        Ok(())
+    }
+
+    /// MEMOIZE and MARK after a new container (`EMPTY_DICT MEMOIZE MARK` opens every dict).
+    #[inline(always)]
+    fn fused_memoize_mark(&mut self) -> Res<(), S::Error> {
+        self.fused_memoize()?;
+        if self.input.peek() == Some(b'(') && (self.marks.len() as u64) < self.limits.max_marks {
+            self.input.skip(1);
+            self.marks.push(self.stack.len());
+        }
+        Ok(())
     }
 
     fn run(&mut self) -> Res<Value, S::Error> {
@@ -421,6 +500,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
                 0x8c => {
                     let n = self.input.byte()? as u64;
                     self.string(n, false)?;
+                    self.fused_memoize()?;
                 }
                 b'X' => {
                     let n = u32::from_le_bytes(self.input.array()?) as u64;
@@ -463,10 +543,12 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
                 b']' => {
                     let id = self.new_node(Kind::List)?;
                     self.push(Value::Node(id))?;
+                    self.fused_memoize_mark()?;
                 }
                 b'}' => {
                     let id = self.new_node(Kind::Dict)?;
                     self.push(Value::Node(id))?;
+                    self.fused_memoize_mark()?;
                 }
                 b')' => {
                     let id = self.new_node(Kind::Tuple)?;

@@ -127,3 +127,75 @@ fn json_errors_name_an_offset() {
     let deep = "[".repeat(1_000_000);
     assert!(read_json(deep.as_bytes(), &Limits::default(), &mut KeepAll).is_err());
 }
+
+/// Folds every dict that has the key "x" into the number of items it was offered.
+struct FoldX {
+    calls: Vec<usize>,
+}
+
+impl Sink for FoldX {
+    type Error = String;
+    fn fold_dict(&mut self, heap: &Heap, items: &[Value]) -> Result<Option<u32>, String> {
+        let x = heap.strings.find("x");
+        let has_x = items.chunks_exact(2).any(|kv| matches!(kv[0], Value::Str(s) if Some(s) == x));
+        if !has_x {
+            return Ok(None);
+        }
+        self.calls.push(items.len());
+        Ok(Some(items.len() as u32))
+    }
+}
+
+fn pickle_dict(pairs: usize, batch: usize) -> Vec<u8> {
+    // [{"x": 0, "k1": 1, ...}] written the way Python batches SETITEMS.
+    let mut out = b"\x80\x04]\x94}\x94".to_vec();
+    let mut written = 0;
+    while written < pairs {
+        out.push(b'(');
+        for i in written..(written + batch).min(pairs) {
+            let key = if i == 0 { "x".to_string() } else { format!("k{i}") };
+            out.push(0x8c);
+            out.push(key.len() as u8);
+            out.extend_from_slice(key.as_bytes());
+            out.extend_from_slice(b"K\x01");
+        }
+        out.push(b'u');
+        written = (written + batch).min(pairs);
+    }
+    out.extend_from_slice(b"a.");
+    out
+}
+
+fn read_fold(bytes: &[u8]) -> (Result<Parsed, Failure<String>>, Vec<usize>) {
+    let mut sink = FoldX { calls: Vec::new() };
+    let r = read_pickle(bytes, &Limits::default(), &mut sink);
+    (r, sink.calls)
+}
+
+#[test]
+fn a_short_batch_is_folded_from_the_stack() {
+    let (r, calls) = read_fold(&pickle_dict(3, 1000));
+    let parsed = r.unwrap();
+    assert_eq!(calls, vec![6], "offered once, with all three pairs");
+    let Value::Node(list) = parsed.root else { panic!() };
+    assert_eq!(parsed.heap.items(list).collect::<Vec<_>>(), vec![Value::Folded(6)]);
+}
+
+#[test]
+fn a_dict_written_in_several_batches_is_folded_whole() {
+    // 1000 pairs in the first batch (not provably the last), one more in a second.
+    let (r, calls) = read_fold(&pickle_dict(1001, 1000));
+    r.unwrap();
+    assert_eq!(calls, vec![2002], "folded once, when complete, with every pair");
+}
+
+#[test]
+fn changing_a_folded_dict_is_refused() {
+    // {"x": 1} folded at SETITEMS, then DUP'd... here: memo get of the dict and another SETITEM.
+    let bytes = b"\x80\x04}\x94(\x8c\x01x\x94K\x01uh\x00\x8c\x01y\x94K\x02s0.";
+    let (r, _) = read_fold(bytes);
+    match r {
+        Err(Failure::Read(e)) => assert!(matches!(e.kind, ErrorKind::WrongType { .. } | ErrorKind::Recursive), "{e}"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -207,6 +207,11 @@ impl Heap {
         })
     }
 
+    /// True if the container holds nothing (faster than `len`).
+    pub fn is_empty(&self, id: u32) -> bool {
+        self.items_of(id).is_empty()
+    }
+
     /// Consecutive folded ids held by a list, when that is all it holds.
     pub fn folded_run(&self, id: u32) -> Option<std::ops::Range<u32>> {
         match self.items_of(id) {
@@ -238,9 +243,34 @@ pub struct Strings {
     text: String,
     spans: Vec<(u32, u32)>,
     index: HashMap<Box<str>, StrId>,
+    /// Short strings seen last, by a cheap slot: torch writes a fresh `'N/A'` per trace entry.
+    recent: Vec<(StrId, u8, [u8; 15])>,
 }
 
 impl Strings {
+    /// The id of UTF-8 (or lossily decoded) `bytes`, adding it if new. `None` past `max_bytes`.
+    pub fn intern_bytes(&mut self, bytes: &[u8], max_bytes: u64) -> Option<StrId> {
+        if bytes.len() < 15 {
+            if self.recent.is_empty() {
+                self.recent = vec![(StrId::MAX, 0, [0; 15]); 64];
+            }
+            let slot = (bytes.len() ^ bytes.first().map_or(0, |&b| b as usize * 7)) & 63;
+            let (id, len, ref text) = self.recent[slot];
+            if id != StrId::MAX && len as usize == bytes.len() && &text[..bytes.len()] == bytes {
+                return Some(id);
+            }
+            let id = self.intern(&String::from_utf8_lossy(bytes), max_bytes)?;
+            let mut text = [0u8; 15];
+            text[..bytes.len()].copy_from_slice(bytes);
+            // Only valid UTF-8 is cached: a lossy decoding is not the same bytes.
+            if std::str::from_utf8(bytes).is_ok() {
+                self.recent[slot] = (id, bytes.len() as u8, text);
+            }
+            return Some(id);
+        }
+        self.intern(&String::from_utf8_lossy(bytes), max_bytes)
+    }
+
     /// The id of `s`, adding it if new. `None` if the table would pass `max_bytes`.
     pub fn intern(&mut self, s: &str, max_bytes: u64) -> Option<StrId> {
         if let Some(&id) = self.index.get(s) {

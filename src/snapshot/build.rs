@@ -48,10 +48,15 @@ pub struct SnapshotSink {
     stacks: Stacks,
     streams: Vec<i64>,
     stream_index: HashMap<i64, u16>,
+    last_stream: Option<(i64, u16)>,
     action_by_str: HashMap<StrId, Action>,
+    last_action: Option<(StrId, Action)>,
     /// Frame of each frame dict already seen, by heap handle: torch shares frame dicts.
     frame_by_node: foldhash::HashMap<u32, crate::snapshot::FrameId>,
     scratch: Vec<crate::snapshot::FrameId>,
+    /// Stack of each sequence of frame-dict handles already seen.
+    stack_by_nodes: foldhash::HashMap<Box<[u32]>, StackId>,
+    node_scratch: Vec<u32>,
     unknown_actions: Vec<String>,
 }
 
@@ -65,15 +70,24 @@ impl SnapshotSink {
             stacks: Stacks::default(),
             streams: Vec::new(),
             stream_index: HashMap::new(),
+            last_stream: None,
             action_by_str: HashMap::new(),
+            last_action: None,
             frame_by_node: foldhash::HashMap::new(),
             scratch: Vec::new(),
+            stack_by_nodes: foldhash::HashMap::new(),
+            node_scratch: Vec::new(),
             unknown_actions: Vec::new(),
         }
     }
 
     fn stream(&mut self, raw: i64, path: impl Fn() -> String) -> Result<u16, ModelError> {
+        match self.last_stream {
+            Some((last, i)) if last == raw => return Ok(i),
+            _ => {}
+        }
         if let Some(&i) = self.stream_index.get(&raw) {
+            self.last_stream = Some((raw, i));
             return Ok(i);
         }
         if self.streams.len() >= u16::MAX as usize {
@@ -86,7 +100,12 @@ impl SnapshotSink {
     }
 
     fn action(&mut self, s: StrId, strings: &Strings, path: impl Fn() -> String) -> Result<Action, ModelError> {
+        match self.last_action {
+            Some((last, a)) if last == s => return Ok(a),
+            _ => {}
+        }
         if let Some(&a) = self.action_by_str.get(&s) {
+            self.last_action = Some((s, a));
             return Ok(a);
         }
         let name = strings.get(s);
@@ -114,13 +133,35 @@ impl SnapshotSink {
             Value::Node(id) if matches!(heap.kind(id), Kind::List | Kind::Tuple) => id,
             other => return Err(ModelError::new(format!("{}.frames", path()), "a list of frames", found(heap, other))),
         };
-        self.intern_stack(heap, list, path)
+        let items: Vec<Value> = heap.items(list).collect();
+        self.intern_stack(heap, &items, path)
     }
 
-    fn intern_stack(&mut self, heap: &Heap, list: u32, path: &dyn Fn() -> String) -> Result<StackId, ModelError> {
+    fn intern_stack(&mut self, heap: &Heap, items: &[Value], path: &dyn Fn() -> String) -> Result<StackId, ModelError> {
+        // torch shares frame dicts but writes a fresh list for most events: look the list up by
+        // its frame dicts' handles first, one hash instead of one per frame.
+        let mut nodes = std::mem::take(&mut self.node_scratch);
+        nodes.clear();
+        nodes.extend(items.iter().map(|v| match v {
+            Value::Node(id) => *id,
+            _ => u32::MAX,
+        }));
+        if let Some(&stack) = self.stack_by_nodes.get(nodes.as_slice()) {
+            self.node_scratch = nodes;
+            return Ok(stack);
+        }
+        let stack = self.intern_frames(heap, items, path)?;
+        if !nodes.contains(&u32::MAX) {
+            self.stack_by_nodes.insert(nodes.as_slice().into(), stack);
+        }
+        self.node_scratch = nodes;
+        Ok(stack)
+    }
+
+    fn intern_frames(&mut self, heap: &Heap, items: &[Value], path: &dyn Fn() -> String) -> Result<StackId, ModelError> {
         let mut ids = std::mem::take(&mut self.scratch);
         ids.clear();
-        for (i, item) in heap.items(list).enumerate() {
+        for (i, &item) in items.iter().enumerate() {
             let Value::Node(frame) = item else {
                 return Err(ModelError::new(format!("{}.frames[{i}]", path()), "a frame dict", found(heap, item)));
             };
@@ -191,11 +232,12 @@ impl Sink for SnapshotSink {
     }
 
     /// Folds a dict that has an `action` key into an [`Event`]; leaves every other dict alone.
-    fn fold_dict(&mut self, heap: &Heap, dict: u32) -> Result<Option<u32>, ModelError> {
+    fn fold_dict(&mut self, heap: &Heap, items: &[Value]) -> Result<Option<u32>, ModelError> {
         // `prepare` interned the keys first, so their ids are small and index `fields` directly.
         let k = &self.keys;
         let mut fields = [None; KEY_COUNT];
-        for (key, v) in heap.pairs(dict) {
+        for kv in items.chunks_exact(2) {
+            let (key, v) = (kv[0], kv[1]);
             if let Value::Str(key) = key {
                 if let Some(slot) = fields.get_mut(key as usize) {
                     *slot = Some(v);
@@ -253,16 +295,19 @@ impl Sink for SnapshotSink {
 
     /// Folds a list of frame dicts into a stack id, so the millions of per-event frames lists
     /// torch writes are not kept; a list of anything else is left alone.
-    fn fold_list(&mut self, heap: &Heap, list: u32) -> Result<Option<u32>, ModelError> {
-        let is_frames = match heap.items(list).next() {
-            Some(Value::Node(first)) => heap.kind(first) == Kind::Dict && heap.get(first, self.keys.filename).is_some(),
+    fn fold_list(&mut self, heap: &Heap, items: &[Value]) -> Result<Option<u32>, ModelError> {
+        let is_frames = match items.first() {
+            Some(&Value::Node(first)) => {
+                self.frame_by_node.contains_key(&first)
+                    || heap.kind(first) == Kind::Dict && heap.get(first, self.keys.filename).is_some()
+            }
             _ => false,
         };
         if !is_frames {
             return Ok(None);
         }
         let n = self.events.len();
-        let stack = self.intern_stack(heap, list, &|| format!("frames list read after trace entry {n}"))?;
+        let stack = self.intern_stack(heap, items, &|| format!("frames list read after trace entry {n}"))?;
         Ok(Some(stack | STACK_TAG))
     }
 }

@@ -1,6 +1,7 @@
 //! One integration-test binary (faster to link than one per file). Each module is one family.
 
 mod hostile;
+mod reader_props;
 mod truth;
 mod util;
 mod variants;

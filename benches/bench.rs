@@ -1,0 +1,91 @@
+//! `cargo bench`: fragscope against the reference on real snapshots, printed as a table.
+//!
+//! Reads `big_trace.pickle.xz` (243 MiB unpacked, 3,000,000 events) from `../shared/fixtures/real`
+//! or `$FRAGSCOPE_BIG_TRACE`, unpacks it once into `target/bench-data`, and runs each command
+//! a few times, reporting the median wall time and the peak RSS the kernel measured for the
+//! child (`wait4`'s `ru_maxrss`). Not a test: machines are noisy, so it asserts nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+const RUNS: usize = 3;
+
+struct Measure {
+    wall_s: f64,
+    rss_mib: f64,
+}
+
+/// Runs `cmd` to its end; wall time and the child's peak RSS.
+fn measure(cmd: &mut Command) -> Measure {
+    let start = Instant::now();
+    let child = cmd.stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().expect("spawn");
+    let mut status = 0;
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 on our own child's pid, with valid pointers to locals.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    let wall_s = start.elapsed().as_secs_f64();
+    assert!(pid > 0 && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "{cmd:?} failed");
+    Measure { wall_s, rss_mib: usage.ru_maxrss as f64 / 1024.0 }
+}
+
+fn median(cmd: impl Fn() -> Command) -> Measure {
+    let mut runs: Vec<Measure> = (0..RUNS).map(|_| measure(&mut cmd())).collect();
+    runs.sort_by(|a, b| a.wall_s.total_cmp(&b.wall_s));
+    runs.swap_remove(RUNS / 2)
+}
+
+/// The unpacked big_trace snapshot, or None if the shared fixtures are not beside the checkout.
+fn big_trace() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("FRAGSCOPE_BIG_TRACE") {
+        return Some(PathBuf::from(p));
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let xz = root.join("../shared/fixtures/real/big_trace.pickle.xz");
+    if !xz.exists() {
+        return None;
+    }
+    let dir = root.join("target/bench-data");
+    let out = dir.join("big_trace.pickle");
+    if !out.exists() {
+        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = dir.join("big_trace.pickle.part");
+        let file = std::fs::File::create(&tmp).unwrap();
+        let ok = Command::new("xz").args(["-dc"]).arg(&xz).stdout(file).status().expect("xz").success();
+        assert!(ok, "xz failed");
+        std::fs::rename(&tmp, &out).unwrap();
+    }
+    Some(out)
+}
+
+fn main() {
+    // `cargo bench -- --list` and the like: nothing to list.
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let Some(snapshot) = big_trace() else {
+        println!("big_trace.pickle.xz not found beside the checkout; set FRAGSCOPE_BIG_TRACE to a snapshot");
+        return;
+    };
+    let size_mib = std::fs::metadata(&snapshot).unwrap().len() as f64 / (1 << 20) as f64;
+    println!("snapshot: {} ({size_mib:.0} MiB), median of {RUNS} runs\n", snapshot.display());
+    let ours = median(|| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_fragscope"));
+        c.args(["analyze", "--json"]).arg(&snapshot);
+        c
+    });
+    let python = median(|| {
+        let mut c = Command::new("python3");
+        c.args(["-c", "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))"]).arg(&snapshot);
+        c
+    });
+    println!("| command | wall time | peak RSS |");
+    println!("|---|---|---|");
+    println!("| `fragscope analyze --json` | {:.2} s | {:.0} MiB |", ours.wall_s, ours.rss_mib);
+    println!("| `python3 -c \"pickle.load(...)\"` | {:.2} s | {:.0} MiB |", python.wall_s, python.rss_mib);
+    println!(
+        "\nfragscope is {:.1}x faster than pickle.load alone; its peak RSS is {:.0}% of the file's size.",
+        python.wall_s / ours.wall_s,
+        100.0 * ours.rss_mib / size_mib
+    );
+}

@@ -1,0 +1,49 @@
+//! Properties of the reader on arbitrary and mutated input: it never panics, never hangs, and
+//! every error names an offset inside the input.
+
+use proptest::prelude::*;
+
+use fragscope::ingest::{IngestError, Options, ingest};
+
+fn check(bytes: Vec<u8>) -> Result<(), TestCaseError> {
+    let len = bytes.len() as u64;
+    match ingest(std::io::Cursor::new(bytes), &Options::default()) {
+        Ok(_) => {}
+        Err(IngestError::Read { error, stream: "" }) => prop_assert!(error.offset <= len, "{error}"),
+        Err(IngestError::Model { offset, .. }) => prop_assert!(offset <= len),
+        Err(_) => {}
+    }
+    Ok(())
+}
+
+fn seed() -> Vec<u8> {
+    std::fs::read(crate::util::snapshot_path("seed_frag_default")).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        check(bytes)?;
+    }
+
+    #[test]
+    fn random_bytes_after_a_pickle_header_never_panic(body in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        let mut bytes = b"\x80\x04".to_vec();
+        bytes.extend(body);
+        check(bytes)?;
+    }
+
+    #[test]
+    fn mutated_real_snapshots_never_panic(
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8)
+    ) {
+        let mut bytes = seed();
+        for (at, b) in edits {
+            let i = at.index(bytes.len());
+            bytes[i] = b;
+        }
+        check(bytes)?;
+    }
+}
