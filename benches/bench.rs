@@ -88,4 +88,51 @@ fn main() {
         python.wall_s / ours.wall_s,
         100.0 * ours.rss_mib / size_mib
     );
+    replay_table(&snapshot);
+}
+
+fn median_of(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// In-process: ingest alone, then replay + series + every analysis, then random states.
+fn replay_table(path: &Path) {
+    use fragscope::{analysis, ingest};
+    let mut ingest_s = Vec::new();
+    let mut analyze_s = Vec::new();
+    let mut last = None;
+    for _ in 0..RUNS {
+        let t = Instant::now();
+        let ingested = ingest::ingest_path(path, &ingest::Options::default()).expect("ingest");
+        ingest_s.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let analyzed = analysis::analyze(&ingested.snapshot, ingested.source.clone(), analysis::Depth::Serve);
+        analyze_s.push(t.elapsed().as_secs_f64());
+        last = Some((ingested, analyzed));
+    }
+    let (ingested, analyzed) = last.expect("runs");
+    let snap = &ingested.snapshot;
+    let replay = &analyzed.replays[0];
+    let n = replay.event_count();
+    // A fixed pseudo-random sequence, so runs are comparable.
+    let mut x = 0x9e3779b97f4a7c15u64;
+    let mut state_ms = Vec::new();
+    for _ in 0..100 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let event = (x % n as u64) as usize;
+        let t = Instant::now();
+        let state = replay.state_at(snap, Some(event));
+        state_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        std::hint::black_box(state);
+    }
+    let (ing, ana) = (median_of(ingest_s), median_of(analyze_s));
+    println!("\nIn process, {n} events (median of {RUNS} runs; targets from the issues):\n");
+    println!("| step | time | target |");
+    println!("|---|---|---|");
+    println!("| ingest (read + model) | {ing:.2} s | |");
+    println!("| replay index + all series + analysis | {ana:.2} s ({:.0}% of ingest) | at most 50% of ingest |", 100.0 * ana / ing);
+    println!("| state at a random event (median of 100) | {:.2} ms | under 20 ms |", median_of(state_ms));
 }

@@ -56,7 +56,7 @@ fn fail(file: &std::path::Path, e: IngestError) -> ExitCode {
 
 fn analyze(file: &std::path::Path, json: bool) -> Result<(), IngestError> {
     let ingested = ingest::ingest_path(file, &ingest::Options::default())?;
-    let analysis = analysis::analyze(&ingested.snapshot, ingested.source);
+    let analysis = analysis::analyze(&ingested.snapshot, ingested.source, analysis::Depth::Report).analysis;
     let mut out = std::io::stdout().lock();
     let written = if json {
         serde_json::to_writer_pretty(&mut out, &analysis).map_err(std::io::Error::from).and_then(|()| writeln!(out))

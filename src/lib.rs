@@ -17,5 +17,6 @@ pub mod analysis;
 pub mod cli;
 pub mod ingest;
 pub mod reader;
+pub mod replay;
 pub mod snapshot;
 pub mod units;

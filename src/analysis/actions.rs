@@ -13,9 +13,12 @@ pub struct TraceSummary {
     pub actions: BTreeMap<String, u64>,
     pub first_time_us: Option<i64>,
     pub last_time_us: Option<i64>,
+    /// False when the trace does not reach back to an empty allocator: the ring buffer
+    /// dropped its oldest events (or recording started after memory was allocated).
+    pub complete: bool,
 }
 
-pub fn trace_summary(snapshot: &Snapshot, device: &Device) -> TraceSummary {
+pub fn trace_summary(snapshot: &Snapshot, device: &Device, complete: bool) -> TraceSummary {
     let events = snapshot.device_events(device);
     let mut counts = [0u64; 256];
     for e in events {
@@ -32,5 +35,6 @@ pub fn trace_summary(snapshot: &Snapshot, device: &Device) -> TraceSummary {
         actions,
         first_time_us: events.iter().find_map(|e| e.time()),
         last_time_us: events.iter().rev().find_map(|e| e.time()),
+        complete,
     }
 }

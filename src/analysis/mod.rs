@@ -3,20 +3,42 @@
 //!
 //! - `counters`: the state of a set of segments (reserved, allocated, inactive split, ...).
 //! - `actions`: what the trace holds.
+//! - `timeline`: the series over events, and the peaks.
+//! - `gaps`: pinned gaps and the call sites that pin them.
+//! - `oom`: a verdict for each OOM.
+//! - `rhythm`: pinned segments created at a regular rhythm (the seed pattern).
+//! - `advice`: the diagnosis and its remedies.
+//! - `sites`: which frame of a stack is the call site.
 //!
-//! [`analyze`] assembles them into the document that `fragscope analyze --json` prints and
-//! the API serves. Analysis never fails on a decoded model.
+//! [`analyze`] replays each device once, with the observers that need the forward pass, and
+//! assembles the document that `fragscope analyze --json` prints and the API serves. Analysis
+//! never fails on a decoded model.
 
 mod actions;
+pub mod advice;
 mod counters;
+pub mod gaps;
+pub mod oom;
+pub mod rhythm;
+pub mod sites;
+pub mod timeline;
 
 pub use actions::{TraceSummary, trace_summary};
 pub use counters::{Counters, counters};
 
+use foldhash::{HashMap, HashMapExt};
+
 use serde::Serialize;
 
 use crate::ingest::Source;
-use crate::snapshot::Snapshot;
+use crate::replay::{self, Observer, Replay, State};
+use crate::snapshot::{Action, Device, Event, Snapshot, StackId};
+use advice::Diagnosis;
+use gaps::{Gap, Pinner, PinnedSummary};
+use oom::{Oom, OomObserver};
+use rhythm::Rhythm;
+use sites::call_site;
+use timeline::{Peak, Timeline};
 
 /// The analysis document. Later versions add keys; they never rename these.
 #[derive(Debug, Clone, Serialize)]
@@ -32,17 +54,163 @@ pub struct DeviceAnalysis {
     #[serde(rename = "final")]
     pub final_state: Counters,
     pub trace: TraceSummary,
+    pub peak: Peak,
+    pub ooms: Vec<Oom>,
+    /// Pinned free memory at the end.
+    pub pinned: PinnedSummary,
+    /// Who pins it at the end, most first.
+    pub pinners: Vec<Pinner>,
+    /// The largest pinned gaps at the end.
+    pub gaps: Vec<Gap>,
+    pub rhythm: Rhythm,
+    pub diagnosis: Diagnosis,
+    pub replay: ReplayReport,
 }
 
-pub fn analyze(snapshot: &Snapshot, source: Source) -> Analysis {
-    let devices = snapshot
-        .devices
-        .iter()
-        .map(|d| DeviceAnalysis {
-            device: d.device,
-            final_state: counters(&d.segments),
-            trace: trace_summary(snapshot, d),
-        })
-        .collect();
-    Analysis { source, allocator_settings: snapshot.allocator_settings.clone(), devices }
+/// How faithful the replay is: it must end at the final `segments`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayReport {
+    pub matches_final: bool,
+    pub mismatches: Vec<String>,
+    pub warnings: u64,
+    pub first_warnings: Vec<String>,
+}
+
+/// The analysis with what serving it needs beyond the JSON: each device's replay (for the
+/// state at any event) and timeline (for the series).
+pub struct Analyzed {
+    pub analysis: Analysis,
+    pub replays: Vec<Replay>,
+    pub timelines: Vec<Timeline>,
+}
+
+/// What to build beyond the JSON document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Depth {
+    /// The document only (the CLI): no per-event series, no checkpoints.
+    Report,
+    /// Everything a server needs to answer any query later.
+    Serve,
+}
+
+pub fn analyze(snapshot: &Snapshot, source: Source, depth: Depth) -> Analyzed {
+    let mut devices = Vec::new();
+    let (mut replays, mut timelines) = (Vec::new(), Vec::new());
+    for d in &snapshot.devices {
+        let (analysis, replay, timeline) = analyze_device(snapshot, d, depth);
+        devices.push(analysis);
+        replays.push(replay);
+        timelines.push(timeline);
+    }
+    let analysis = Analysis { source, allocator_settings: snapshot.allocator_settings.clone(), devices };
+    Analyzed { analysis, replays, timelines }
+}
+
+/// Counts of allocations per (stack, rounded size), to find repeated big allocations.
+struct Sizes(HashMap<(StackId, u64), u64>);
+
+/// The observers of one forward pass.
+struct Pass<'a> {
+    timeline: Timeline,
+    series: bool,
+    ooms: OomObserver<'a>,
+    sizes: Sizes,
+    rules: replay::Rules,
+}
+
+impl Observer for Pass<'_> {
+    fn event(&mut self, index: usize, e: &Event, state: &State) {
+        if self.series {
+            self.timeline.event(index, e, state);
+        } else {
+            self.timeline.track_peak(index, state);
+        }
+        self.ooms.event(index, e, state);
+        if e.action == Action::ALLOC {
+            *self.sizes.0.entry((e.stack, self.rules.round_size(e.size))).or_insert(0) += 1;
+        }
+    }
+}
+
+fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnalysis, Replay, Timeline) {
+    let events = snapshot.device_events(d);
+    let rules = replay::Rules::from_settings(snapshot.allocator_settings.as_ref());
+    let serve = depth == Depth::Serve;
+    let mut pass = Pass {
+        timeline: Timeline::new(if serve { events.len() } else { 0 }),
+        series: serve,
+        ooms: OomObserver { snapshot, ooms: Vec::new(), first_state: None },
+        sizes: Sizes(HashMap::new()),
+        rules: rules.clone(),
+    };
+    let replay = Replay::run_with(snapshot, d, &mut pass, serve);
+    let initial = replay.state_at(snapshot, None).totals;
+    let mut peak = pass.timeline.peak;
+    if initial.reserved_bytes >= peak.reserved_bytes {
+        (peak.reserved_bytes, peak.reserved_event) = (initial.reserved_bytes, None);
+    }
+    if initial.allocated_bytes >= peak.allocated_bytes {
+        (peak.allocated_bytes, peak.allocated_event) = (initial.allocated_bytes, None);
+    }
+    let end = replay::final_state(d);
+    let pinned = gaps::pinned(&end, &snapshot.stacks);
+    // At an OOM, the pattern is judged where the job died; otherwise at the end.
+    let judged = pass.ooms.first_state.take().unwrap_or(end);
+    let rhythm = rhythm::rhythm(&judged, &snapshot.stacks);
+    let big = big_allocation(snapshot, events, &pass.ooms.ooms, &judged);
+    let big_repeats = match &big {
+        Some((Some(site), size)) => pass
+            .sizes
+            .0
+            .iter()
+            .filter(|((stack, rounded), _)| rounded == size && call_site(&snapshot.stacks, *stack).as_ref() == Some(site))
+            .map(|(_, n)| n)
+            .sum(),
+        _ => 0,
+    };
+    let final_state = counters(&d.segments);
+    let diagnosis = advice::diagnose(&advice::Facts {
+        ooms: &pass.ooms.ooms,
+        pinned: &pinned,
+        reserved_bytes: final_state.reserved_bytes,
+        rhythm: &rhythm,
+        rules: &rules,
+        big: big.clone(),
+        big_repeats,
+    });
+    let analysis = DeviceAnalysis {
+        device: d.device,
+        final_state,
+        trace: trace_summary(snapshot, d, replay.complete),
+        peak,
+        ooms: pass.ooms.ooms,
+        pinned: pinned.summary.clone(),
+        pinners: pinned.pinners.iter().take(20).cloned().collect(),
+        gaps: pinned.gaps.iter().take(20).cloned().collect(),
+        rhythm,
+        diagnosis,
+        replay: ReplayReport {
+            matches_final: replay.final_mismatches.is_empty(),
+            mismatches: replay.final_mismatches.clone(),
+            warnings: replay.warnings.count,
+            first_warnings: replay.warnings.first.clone(),
+        },
+    };
+    (analysis, replay, pass.timeline)
+}
+
+/// The big allocations to act on: the failing request if the job ran out of memory, else the
+/// creation of the largest pinned segment.
+fn big_allocation(snapshot: &Snapshot, events: &[Event], ooms: &[Oom], state: &State) -> Option<(Option<sites::CallSite>, u64)> {
+    if let Some(o) = ooms.first() {
+        let stack = events[o.event_index as usize].stack;
+        return Some((call_site(&snapshot.stacks, stack), o.requested_bytes));
+    }
+    let seg = state
+        .segment_ids()
+        .map(|s| state.segment(s))
+        .filter(|s| s.live > 0 && s.inactive > 0 && !s.expandable)
+        .max_by_key(|s| s.inactive)?;
+    // A segment is made to fit the request that created it: its size is that request's, rounded.
+    Some((call_site(&snapshot.stacks, seg.stack), seg.size))
 }

@@ -2,6 +2,7 @@
 
 mod hostile;
 mod reader_props;
+mod replay;
 mod truth;
 mod util;
 mod variants;

@@ -1,0 +1,88 @@
+//! OOM verdicts: what the allocator faced at each `oom` event.
+//!
+//! The state at an `oom` event is the one the allocator raised in: it has already released
+//! every cached segment that held no live block (those `segment_free` events come just before),
+//! so the free memory left is what live blocks pin. The verdict is `fragmentation` when the
+//! memory reserved but unallocated could have held the request had it been one block, and
+//! `capacity` when even that would not have sufficed.
+
+use serde::Serialize;
+
+use super::gaps::{Gap, Pinner, pinned};
+use super::sites::{CallSite, call_site};
+use crate::replay::{Observer, State, rules::Rules};
+use crate::snapshot::{Action, Event, PoolKind, Snapshot};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Fragmentation,
+    Capacity,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Oom {
+    pub event_index: u64,
+    pub time_us: Option<i64>,
+    /// The request, rounded as the allocator rounds it.
+    pub requested_bytes: u64,
+    /// `small` (at most 1 MiB) or `large`.
+    pub pool: &'static str,
+    pub stream: i64,
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+    /// The largest free block of the request's stream and pool: the most it could have got.
+    pub largest_usable_free_bytes: u64,
+    pub pinned_free_bytes: u64,
+    /// cudaMemGetInfo's free bytes when it failed (not the budget, under a memory fraction).
+    pub device_free_bytes: u64,
+    pub verdict: Verdict,
+    pub call_site: Option<CallSite>,
+    /// Who pinned the free memory, most first.
+    pub pinners: Vec<Pinner>,
+    /// The largest pinned gaps.
+    pub gaps: Vec<Gap>,
+}
+
+pub fn verdict(requested: u64, reserved: u64, allocated: u64) -> Verdict {
+    if reserved.saturating_sub(allocated) >= requested { Verdict::Fragmentation } else { Verdict::Capacity }
+}
+
+/// Records an [`Oom`] at every `oom` event of the forward pass.
+pub struct OomObserver<'a> {
+    pub snapshot: &'a Snapshot,
+    pub ooms: Vec<Oom>,
+    /// The state at the first OOM, where the job died.
+    pub first_state: Option<State>,
+}
+
+impl Observer for OomObserver<'_> {
+    fn event(&mut self, index: usize, e: &Event, state: &State) {
+        if e.action != Action::OOM {
+            return;
+        }
+        let t = state.totals;
+        let small = Rules::is_small(e.size);
+        let kind = if small { PoolKind::Small } else { PoolKind::Large };
+        let p = pinned(state, &self.snapshot.stacks);
+        if self.first_state.is_none() {
+            self.first_state = Some(state.clone());
+        }
+        self.ooms.push(Oom {
+            event_index: index as u64,
+            time_us: e.time(),
+            requested_bytes: e.size,
+            pool: if small { "small" } else { "large" },
+            stream: self.snapshot.stream(e.stream),
+            reserved_bytes: t.reserved_bytes,
+            allocated_bytes: t.allocated_bytes,
+            largest_usable_free_bytes: state.largest_free_in(e.stream, kind, (0, 0)),
+            pinned_free_bytes: t.pinned_free_bytes,
+            device_free_bytes: e.addr,
+            verdict: verdict(e.size, t.reserved_bytes, t.allocated_bytes),
+            call_site: call_site(&self.snapshot.stacks, e.stack),
+            pinners: p.pinners.into_iter().take(5).collect(),
+            gaps: p.gaps.into_iter().take(5).collect(),
+        });
+    }
+}

@@ -1,0 +1,152 @@
+//! The memory timeline: per event, the totals torch would report at that moment, and the
+//! peaks. Recorded as plain columns in one replay pass; served downsampled with each bucket's
+//! minimum and maximum so that no spike disappears.
+
+use serde::Serialize;
+
+use crate::replay::{Observer, State};
+use crate::snapshot::{Action, Event};
+
+/// The series, one value per event (the state right after it).
+#[derive(Debug, Clone, Default)]
+pub struct Timeline {
+    pub reserved_bytes: Vec<u64>,
+    pub allocated_bytes: Vec<u64>,
+    pub active_bytes: Vec<u64>,
+    pub pinned_free_bytes: Vec<u64>,
+    /// The largest inactive block anywhere.
+    pub largest_free_block_bytes: Vec<u64>,
+    pub time_us: Vec<i64>,
+    /// Events that created segments (segment_alloc, segment_map).
+    pub segment_events: Vec<u32>,
+    pub oom_events: Vec<u32>,
+    pub peak: Peak,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct Peak {
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+    /// The first event after which the peak held (None: it held before the trace began).
+    pub reserved_event: Option<u64>,
+    pub allocated_event: Option<u64>,
+}
+
+impl Timeline {
+    pub fn new(events: usize) -> Timeline {
+        let with = |n| Vec::with_capacity(n);
+        Timeline {
+            reserved_bytes: with(events),
+            allocated_bytes: with(events),
+            active_bytes: with(events),
+            pinned_free_bytes: with(events),
+            largest_free_block_bytes: with(events),
+            time_us: Vec::with_capacity(events),
+            ..Timeline::default()
+        }
+    }
+
+    /// Only the peaks, for reports that need no series.
+    pub fn track_peak(&mut self, index: usize, state: &State) {
+        let t = state.totals;
+        if t.reserved_bytes > self.peak.reserved_bytes {
+            self.peak.reserved_bytes = t.reserved_bytes;
+            self.peak.reserved_event = Some(index as u64);
+        }
+        if t.allocated_bytes > self.peak.allocated_bytes {
+            self.peak.allocated_bytes = t.allocated_bytes;
+            self.peak.allocated_event = Some(index as u64);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.reserved_bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.reserved_bytes.is_empty()
+    }
+
+    /// The columns, in the order [`SERIES`] names them.
+    pub fn columns(&self) -> [&[u64]; 5] {
+        [&self.reserved_bytes, &self.allocated_bytes, &self.active_bytes, &self.pinned_free_bytes, &self.largest_free_block_bytes]
+    }
+
+    /// Events `range` in `points` buckets, each with its first event and the min and max of
+    /// every series.
+    pub fn downsample(&self, range: std::ops::Range<usize>, points: usize) -> Downsampled {
+        let range = range.start.min(self.len())..range.end.min(self.len());
+        let n = range.len();
+        let points = points.clamp(1, n.max(1));
+        let mut out = Downsampled { start: range.start as u64, end: range.end as u64, ..Downsampled::default() };
+        if n == 0 {
+            return out;
+        }
+        for k in 0..points {
+            let lo = range.start + k * n / points;
+            let hi = (range.start + (k + 1) * n / points).max(lo + 1).min(range.end);
+            out.event.push(lo as u64);
+            out.time_us.push(self.time_us.get(lo).copied().unwrap_or(0));
+            for (s, col) in self.columns().iter().enumerate() {
+                let slice = &col[lo..hi];
+                out.min[s].push(slice.iter().copied().min().unwrap_or(0));
+                out.max[s].push(slice.iter().copied().max().unwrap_or(0));
+            }
+        }
+        out
+    }
+}
+
+/// Names of the series, in column order.
+pub const SERIES: [&str; 5] = ["reserved_bytes", "allocated_bytes", "active_bytes", "pinned_free_bytes", "largest_free_block_bytes"];
+
+/// A downsampled stretch of the timeline.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Downsampled {
+    pub start: u64,
+    pub end: u64,
+    /// First event of each bucket.
+    pub event: Vec<u64>,
+    pub time_us: Vec<i64>,
+    /// Per series (in [`SERIES`] order), the bucket minimums and maximums.
+    pub min: [Vec<u64>; 5],
+    pub max: [Vec<u64>; 5],
+}
+
+impl Observer for Timeline {
+    fn event(&mut self, index: usize, e: &Event, state: &State) {
+        let t = state.totals;
+        self.reserved_bytes.push(t.reserved_bytes);
+        self.allocated_bytes.push(t.allocated_bytes);
+        self.active_bytes.push(t.active_bytes);
+        self.pinned_free_bytes.push(t.pinned_free_bytes);
+        self.largest_free_block_bytes.push(state.largest_free());
+        self.time_us.push(e.time_us);
+        self.track_peak(index, state);
+        match e.action {
+            Action::SEGMENT_ALLOC | Action::SEGMENT_MAP => self.segment_events.push(index as u32),
+            Action::OOM => self.oom_events.push(index as u32),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn downsampling_keeps_spikes() {
+        let mut t = Timeline::default();
+        t.reserved_bytes = (0..1000).map(|i| if i == 500 { 10_000 } else { i }).collect();
+        for c in [&mut t.allocated_bytes, &mut t.active_bytes, &mut t.pinned_free_bytes, &mut t.largest_free_block_bytes] {
+            *c = vec![0; 1000];
+        }
+        t.time_us = vec![0; 1000];
+        let d = t.downsample(0..1000, 10);
+        assert_eq!(d.event.len(), 10);
+        assert_eq!(d.max[0][5], 10_000, "the spike survives in its bucket's max");
+        assert_eq!(d.min[0][0], 0);
+        assert_eq!(d.max[0][9], 999);
+    }
+}

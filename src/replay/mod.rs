@@ -1,0 +1,194 @@
+//! Replay: the allocator's segments and blocks right after any event of a device's trace.
+//!
+//! The state before the first event is derived backwards from the final `segments`
+//! ([`initial`]); events are then applied forwards ([`apply`]) with the allocator's rules
+//! ([`rules`]), and a copy of the state is kept every [`CHECKPOINT_EVERY`] events so any event
+//! is reached by replaying at most that many. Analyses observe the one forward pass through
+//! [`Observer`]. Replaying the whole trace must end at the final `segments`; where it does not,
+//! [`Replay::final_mismatches`] says how. Replay never fails: contradictions become warnings.
+
+mod apply;
+mod initial;
+pub mod rules;
+mod state;
+
+pub use rules::Rules;
+pub use state::{BlockRec, NIL, SegmentRec, State, Totals};
+
+use foldhash::{HashMap, HashMapExt};
+
+use crate::snapshot::{Block, Device, Event, Pool, Snapshot};
+
+/// Events between two stored states.
+pub const CHECKPOINT_EVERY: usize = 8192;
+const MAX_WARNINGS: usize = 20;
+
+/// Watches the forward pass; `state` is the state right after event `index`.
+pub trait Observer {
+    fn event(&mut self, _index: usize, _event: &Event, _state: &State) {}
+}
+
+impl Observer for () {}
+
+/// Warnings, counted, with the first few kept word for word.
+#[derive(Debug, Clone, Default)]
+pub struct Warnings {
+    pub count: u64,
+    pub first: Vec<String>,
+}
+
+impl Warnings {
+    pub fn push(&mut self, w: String) {
+        self.count += 1;
+        if self.first.len() < MAX_WARNINGS {
+            self.first.push(w);
+        }
+    }
+}
+
+/// Pools of the segments the final snapshot shows, by address: the trace does not say which
+/// pool a new segment belongs to.
+struct FinalHints(HashMap<u64, (u64, Pool, bool)>);
+
+impl apply::SegmentHints for FinalHints {
+    fn hint(&self, address: u64, size: u64) -> Option<(Pool, bool)> {
+        self.0.get(&address).filter(|h| h.0 == size || h.2).map(|h| (h.1, h.2))
+    }
+}
+
+pub struct Replay {
+    pub device: i64,
+    pub rules: Rules,
+    hints: FinalHints,
+    initial: State,
+    /// `checkpoints[k]` is the state after event `(k + 1) * CHECKPOINT_EVERY - 1`.
+    checkpoints: Vec<State>,
+    events: std::ops::Range<usize>,
+    /// The derived initial state was empty: the trace covers the process's whole history.
+    pub complete: bool,
+    pub warnings: Warnings,
+    /// How the replayed end differs from the final `segments` (empty when it matches).
+    pub final_mismatches: Vec<String>,
+}
+
+impl Replay {
+    /// Replays a device's whole trace once, showing every step to `observer`, and keeps
+    /// checkpoints for [`Replay::state_at`].
+    pub fn run(snapshot: &Snapshot, device: &Device, observer: &mut dyn Observer) -> Replay {
+        Self::run_with(snapshot, device, observer, true)
+    }
+
+    /// The same; without checkpoints `state_at` replays from the start (for one-shot reports).
+    pub fn run_with(snapshot: &Snapshot, device: &Device, observer: &mut dyn Observer, checkpoints: bool) -> Replay {
+        let every = if checkpoints { CHECKPOINT_EVERY } else { usize::MAX };
+        let rules = Rules::from_settings(snapshot.allocator_settings.as_ref());
+        let mut hints = HashMap::new();
+        for s in &device.segments {
+            hints.insert(s.address, (s.total_size, s.pool, s.is_expandable));
+        }
+        let hints = FinalHints(hints);
+        let events = snapshot.device_events(device);
+        let init = initial::derive(device, events, &rules, &hints);
+        let mut warnings = Warnings::default();
+        for w in init.warnings {
+            warnings.push(w);
+        }
+        let mut state = init.state.clone();
+        let mut checkpoints = Vec::with_capacity(events.len() / every.min(events.len().max(1)));
+        for (i, e) in events.iter().enumerate() {
+            if let Some(w) = apply::apply(&mut state, e, i as u32, &rules, &hints) {
+                warnings.push(format!("event {i}: {w}"));
+            }
+            observer.event(i, e, &state);
+            if (i + 1) % every == 0 {
+                checkpoints.push(state.clone());
+            }
+        }
+        let final_mismatches = compare(&state, device);
+        Replay {
+            device: device.device,
+            rules,
+            hints,
+            initial: init.state,
+            checkpoints,
+            events: device.events.clone(),
+            complete: init.empty,
+            warnings,
+            final_mismatches,
+        }
+    }
+
+    pub fn event_count(&self) -> usize {
+        self.events.len()
+    }
+
+    /// The state right after event `index` (`None`: before the first event).
+    pub fn state_at(&self, snapshot: &Snapshot, index: Option<usize>) -> State {
+        let Some(index) = index else { return self.initial.clone() };
+        let index = index.min(self.event_count().saturating_sub(1));
+        let k = ((index + 1) / CHECKPOINT_EVERY).min(self.checkpoints.len());
+        let (mut state, from) = match k {
+            0 => (self.initial.clone(), 0),
+            k => (self.checkpoints[k - 1].clone(), k * CHECKPOINT_EVERY),
+        };
+        let events = &snapshot.events[self.events.clone()];
+        for (i, e) in events.iter().enumerate().take(index + 1).skip(from) {
+            apply::apply(&mut state, e, i as u32, &self.rules, &self.hints);
+        }
+        state
+    }
+}
+
+/// The state the final `segments` describe, as a [`State`] the analyses can read.
+pub fn final_state(device: &Device) -> State {
+    let mut state = State::new();
+    for s in &device.segments {
+        let rec = SegmentRec {
+            address: s.address,
+            size: s.total_size,
+            stream: s.stream,
+            pool: s.pool,
+            expandable: s.is_expandable,
+            stack: s.stack,
+            ..SegmentRec::empty()
+        };
+        let blocks = s
+            .blocks
+            .iter()
+            .map(|b| BlockRec { requested: b.requested_size, state: b.state, stack: b.stack, ..BlockRec::free(b.address, b.size) })
+            .collect();
+        state.insert_segment(rec, blocks);
+    }
+    state
+}
+
+/// Differences between a replayed state and the final `segments` of a device.
+fn compare(state: &State, device: &Device) -> Vec<String> {
+    let mut out = Vec::new();
+    let ours: Vec<u32> = state.segment_ids().collect();
+    if ours.len() != device.segments.len() {
+        out.push(format!("{} segments replayed, {} in the snapshot", ours.len(), device.segments.len()));
+    }
+    for (&s, seg) in ours.iter().zip(&device.segments) {
+        let r = state.segment(s);
+        if (r.address, r.size) != (seg.address, seg.total_size) {
+            out.push(format!("segment {:#x} ({} bytes) replayed as {:#x} ({} bytes)", seg.address, seg.total_size, r.address, r.size));
+            continue;
+        }
+        let blocks: Vec<&BlockRec> = state.block_ids(s).map(|b| state.block(b)).collect();
+        let same = |b: &BlockRec, f: &Block| (b.address, b.size, b.state) == (f.address, f.size, f.state);
+        if blocks.len() != seg.blocks.len() || !blocks.iter().zip(&seg.blocks).all(|(b, f)| same(b, f)) {
+            let show = |v: Vec<String>| v.join(" ");
+            out.push(format!(
+                "segment {:#x}: blocks replayed [{}], snapshot [{}]",
+                seg.address,
+                show(blocks.iter().map(|b| format!("{}:{}", b.size, b.state.name())).collect()),
+                show(seg.blocks.iter().map(|b| format!("{}:{}", b.size, b.state.name())).collect()),
+            ));
+        }
+        if out.len() >= MAX_WARNINGS {
+            break;
+        }
+    }
+    out
+}

@@ -1,0 +1,460 @@
+//! The allocator's state at one moment: segments, their blocks in address order, and running
+//! totals, changed one trace event at a time.
+//!
+//! Blocks live in an arena with prev/next links inside their segment, as in torch's allocator,
+//! so a free merges with its neighbours in O(1). Every total is kept exact by `account`, which
+//! removes a block's contribution before it changes and adds it back after.
+
+use std::collections::BTreeMap;
+
+use foldhash::{HashMap, HashMapExt};
+
+use crate::snapshot::{BlockState, EMPTY_STACK, Pool, PoolKind, StackId};
+
+pub const NIL: u32 = u32::MAX;
+
+#[derive(Debug, Clone)]
+pub struct BlockRec {
+    pub address: u64,
+    pub size: u64,
+    pub requested: u64,
+    pub state: BlockState,
+    pub stack: StackId,
+    /// Index of the `alloc` event that made it live (NIL: before the trace, or inactive).
+    pub event: u32,
+    pub segment: u32,
+    pub(super) prev: u32,
+    pub(super) next: u32,
+}
+
+impl BlockRec {
+    /// An inactive block (its segment and links are set when it is inserted).
+    pub fn free(address: u64, size: u64) -> BlockRec {
+        BlockRec {
+            address,
+            size,
+            requested: 0,
+            state: BlockState::Inactive,
+            stack: EMPTY_STACK,
+            event: NIL,
+            segment: NIL,
+            prev: NIL,
+            next: NIL,
+        }
+    }
+}
+
+/// Merges adjacent inactive blocks of a list, as the allocator keeps them.
+fn coalesce(blocks: Vec<BlockRec>) -> Vec<BlockRec> {
+    let mut out: Vec<BlockRec> = Vec::with_capacity(blocks.len());
+    for b in blocks {
+        match out.last_mut() {
+            Some(last) if last.state == BlockState::Inactive && b.state == BlockState::Inactive => last.size += b.size,
+            _ => out.push(b),
+        }
+    }
+    out
+}
+
+/// Cuts a segment's blocks into those before `lo`, those in `[lo, hi)` and those from `hi` on,
+/// splitting the blocks that straddle a cut.
+fn carve(blocks: Vec<BlockRec>, lo: u64, hi: u64) -> (Vec<BlockRec>, Vec<BlockRec>, Vec<BlockRec>) {
+    let (mut head, mut hole, mut tail) = (Vec::new(), Vec::new(), Vec::new());
+    for b in blocks {
+        let (start, end) = (b.address, b.address + b.size);
+        for (part_lo, part_hi, out) in [(0, lo, &mut head), (lo, hi, &mut hole), (hi, u64::MAX, &mut tail)] {
+            let (a, z) = (start.max(part_lo), end.min(part_hi));
+            if a < z {
+                out.push(BlockRec { address: a, size: z - a, ..b.clone() });
+            }
+        }
+    }
+    (head, hole, tail)
+}
+
+#[derive(Debug, Clone)]
+pub struct SegmentRec {
+    pub address: u64,
+    pub size: u64,
+    pub stream: u16,
+    pub pool: Pool,
+    pub expandable: bool,
+    /// Index of the event that created (or first mapped) it; NIL if before the trace.
+    pub created: u32,
+    pub stack: StackId,
+    pub(super) first: u32,
+    pub(super) last: u32,
+    /// Active blocks (allocated or pending free) in it.
+    pub live: u32,
+    /// Bytes of inactive blocks in it.
+    pub inactive: u64,
+}
+
+/// Running totals, named as torch's `memory_stats()` names them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+    pub active_bytes: u64,
+    pub requested_bytes: u64,
+    pub allocations: u64,
+    /// Inactive bytes in fixed (not expandable) segments that hold a live block: they can be
+    /// neither released nor merged with free memory elsewhere.
+    pub pinned_free_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    blocks: Vec<BlockRec>,
+    free_blocks: Vec<u32>,
+    by_addr: HashMap<u64, u32>,
+    segments: Vec<SegmentRec>,
+    free_segments: Vec<u32>,
+    seg_by_addr: BTreeMap<u64, u32>,
+    /// Multiset of inactive block sizes, for the largest free block.
+    free_sizes: BTreeMap<u64, u32>,
+    pub totals: Totals,
+}
+
+impl State {
+    pub fn new() -> State {
+        State { by_addr: HashMap::new(), ..State::default() }
+    }
+
+    /// The largest inactive block anywhere.
+    pub fn largest_free(&self) -> u64 {
+        self.free_sizes.last_key_value().map(|(s, _)| *s).unwrap_or(0)
+    }
+
+    pub fn segment(&self, seg: u32) -> &SegmentRec {
+        &self.segments[seg as usize]
+    }
+
+    pub fn block(&self, b: u32) -> &BlockRec {
+        &self.blocks[b as usize]
+    }
+
+    pub fn block_at(&self, address: u64) -> Option<u32> {
+        self.by_addr.get(&address).copied()
+    }
+
+    /// Segment indexes in address order.
+    pub fn segment_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.seg_by_addr.values().copied()
+    }
+
+    /// Block indexes of a segment in address order.
+    pub fn block_ids(&self, seg: u32) -> impl Iterator<Item = u32> + '_ {
+        let mut b = self.segments[seg as usize].first;
+        std::iter::from_fn(move || {
+            (b != NIL).then(|| {
+                let cur = b;
+                b = self.blocks[b as usize].next;
+                cur
+            })
+        })
+    }
+
+    pub fn segment_containing(&self, address: u64) -> Option<u32> {
+        let (_, &seg) = self.seg_by_addr.range(..=address).next_back()?;
+        let s = &self.segments[seg as usize];
+        (address < s.address + s.size).then_some(seg)
+    }
+
+    /// Adds or removes one block's share of every total.
+    fn account(&mut self, b: u32, add: bool) {
+        let blk = &self.blocks[b as usize];
+        let (size, requested, state) = (blk.size, blk.requested, blk.state);
+        let s = &mut self.segments[blk.segment as usize];
+        let t = &mut self.totals;
+        // Free pages of an expandable segment can be unmapped and mapped again wherever they
+        // are needed: only fixed segments pin.
+        let pins = !s.expandable;
+        let pinned_before = if s.live > 0 && pins { s.inactive } else { 0 };
+        let sign = |v: &mut u64, by: u64| if add { *v += by } else { *v -= by };
+        match state {
+            BlockState::Inactive => {
+                sign(&mut s.inactive, size);
+                let count = self.free_sizes.entry(size).or_insert(0);
+                if add {
+                    *count += 1;
+                } else {
+                    *count -= 1;
+                    if *count == 0 {
+                        self.free_sizes.remove(&size);
+                    }
+                }
+            }
+            BlockState::ActiveAllocated | BlockState::ActivePendingFree => {
+                if add { s.live += 1 } else { s.live -= 1 }
+                sign(&mut t.active_bytes, size);
+                sign(&mut t.requested_bytes, requested);
+                if state == BlockState::ActiveAllocated {
+                    sign(&mut t.allocated_bytes, size);
+                    sign(&mut t.allocations, 1);
+                }
+            }
+        }
+        let pinned_after = if s.live > 0 && pins { s.inactive } else { 0 };
+        t.pinned_free_bytes = t.pinned_free_bytes + pinned_after - pinned_before;
+    }
+
+    fn new_block(&mut self, rec: BlockRec) -> u32 {
+        let address = rec.address;
+        let b = match self.free_blocks.pop() {
+            Some(b) => {
+                self.blocks[b as usize] = rec;
+                b
+            }
+            None => {
+                self.blocks.push(rec);
+                (self.blocks.len() - 1) as u32
+            }
+        };
+        self.by_addr.insert(address, b);
+        self.account(b, true);
+        b
+    }
+
+    fn drop_block(&mut self, b: u32) {
+        self.account(b, false);
+        let blk = &self.blocks[b as usize];
+        let (prev, next, seg, address) = (blk.prev, blk.next, blk.segment, blk.address);
+        self.link(prev, next, seg);
+        if self.by_addr.get(&address) == Some(&b) {
+            self.by_addr.remove(&address);
+        }
+        self.free_blocks.push(b);
+    }
+
+    /// Links `prev` to `next` inside segment `seg` (either may be NIL).
+    fn link(&mut self, prev: u32, next: u32, seg: u32) {
+        if prev == NIL {
+            self.segments[seg as usize].first = next;
+        } else {
+            self.blocks[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.segments[seg as usize].last = prev;
+        } else {
+            self.blocks[next as usize].prev = prev;
+        }
+    }
+
+    /// Changes a block through `f`, keeping the totals exact.
+    fn update(&mut self, b: u32, f: impl FnOnce(&mut BlockRec)) {
+        self.account(b, false);
+        f(&mut self.blocks[b as usize]);
+        self.account(b, true);
+    }
+
+    /// Splits block `b` so that it ends `at` bytes in; returns the new block after it.
+    pub(super) fn split(&mut self, b: u32, at: u64) -> u32 {
+        let blk = self.blocks[b as usize].clone();
+        debug_assert!(at > 0 && at < blk.size);
+        self.update(b, |x| x.size = at);
+        let rest = BlockRec {
+            address: blk.address + at,
+            size: blk.size - at,
+            requested: 0,
+            state: BlockState::Inactive,
+            stack: EMPTY_STACK,
+            event: NIL,
+            segment: blk.segment,
+            prev: b,
+            next: blk.next,
+        };
+        let n = self.new_block(rest);
+        self.blocks[b as usize].next = n;
+        if blk.next == NIL {
+            self.segments[blk.segment as usize].last = n;
+        } else {
+            self.blocks[blk.next as usize].prev = n;
+        }
+        n
+    }
+
+    /// Merges inactive block `b` with inactive neighbours, as a free does.
+    fn merge_free(&mut self, b: u32) -> u32 {
+        let mut b = b;
+        let prev = self.blocks[b as usize].prev;
+        if prev != NIL && self.blocks[prev as usize].state == BlockState::Inactive {
+            let size = self.blocks[b as usize].size;
+            self.drop_block(b);
+            self.update(prev, |x| x.size += size);
+            b = prev;
+        }
+        let next = self.blocks[b as usize].next;
+        if next != NIL && self.blocks[next as usize].state == BlockState::Inactive {
+            let size = self.blocks[next as usize].size;
+            self.drop_block(next);
+            self.update(b, |x| x.size += size);
+        }
+        b
+    }
+
+    /// A new segment holding one inactive block.
+    pub fn add_segment(&mut self, seg: SegmentRec) -> u32 {
+        let block = BlockRec::free(seg.address, seg.size);
+        self.insert_segment(seg, vec![block])
+    }
+
+    /// Inserts a segment with its blocks (in address order, covering it exactly).
+    pub fn insert_segment(&mut self, seg: SegmentRec, blocks: Vec<BlockRec>) -> u32 {
+        let (address, size) = (seg.address, seg.size);
+        let rec = SegmentRec { first: NIL, last: NIL, live: 0, inactive: 0, ..seg };
+        let s = match self.free_segments.pop() {
+            Some(s) => {
+                self.segments[s as usize] = rec;
+                s
+            }
+            None => {
+                self.segments.push(rec);
+                (self.segments.len() - 1) as u32
+            }
+        };
+        self.seg_by_addr.insert(address, s);
+        self.totals.reserved_bytes += size;
+        let mut prev = NIL;
+        for blk in blocks {
+            let b = self.new_block(BlockRec { segment: s, prev, next: NIL, ..blk });
+            self.link(prev, b, s);
+            prev = b;
+        }
+        self.segments[s as usize].last = prev;
+        s
+    }
+
+    /// Removes a segment and returns its blocks, in address order.
+    pub fn take_segment(&mut self, s: u32) -> (SegmentRec, Vec<BlockRec>) {
+        let ids: Vec<u32> = self.block_ids(s).collect();
+        let blocks = ids.iter().map(|&b| self.blocks[b as usize].clone()).collect();
+        for b in ids {
+            self.drop_block(b);
+        }
+        let seg = self.segments[s as usize].clone();
+        self.totals.reserved_bytes -= seg.size;
+        self.seg_by_addr.remove(&seg.address);
+        self.free_segments.push(s);
+        (seg, blocks)
+    }
+
+    pub fn remove_segment(&mut self, s: u32) {
+        self.take_segment(s);
+    }
+
+    /// Makes `b` live, as an `alloc` of `requested` bytes at its address.
+    pub(super) fn make_live(&mut self, b: u32, requested: u64, stack: StackId, event: u32, state: BlockState) {
+        self.update(b, |x| {
+            x.state = state;
+            x.requested = requested;
+            x.stack = stack;
+            x.event = event;
+        });
+    }
+
+    pub(super) fn set_state(&mut self, b: u32, state: BlockState) {
+        self.update(b, |x| x.state = state);
+    }
+
+    /// Frees block `b` and merges it with free neighbours.
+    pub(super) fn release(&mut self, b: u32) {
+        self.update(b, |x| {
+            x.state = BlockState::Inactive;
+            x.stack = EMPTY_STACK;
+            x.event = NIL;
+        });
+        self.merge_free(b);
+    }
+
+    /// The block holding `address`.
+    pub(super) fn block_containing(&self, address: u64) -> Option<u32> {
+        if let Some(b) = self.block_at(address) {
+            return Some(b);
+        }
+        let seg = self.segment_containing(address)?;
+        self.block_ids(seg).find(|&b| {
+            let x = &self.blocks[b as usize];
+            x.address <= address && address < x.address + x.size
+        })
+    }
+
+    /// Makes `address` the start of a block, splitting the block around it.
+    pub(super) fn cut_at(&mut self, address: u64) -> Option<u32> {
+        let b = self.block_containing(address)?;
+        let start = self.blocks[b as usize].address;
+        if start == address { Some(b) } else { Some(self.split(b, address - start)) }
+    }
+
+    /// Grows expandable memory by a newly mapped range, joining the adjacent ranges of the
+    /// same stream into one segment, as the snapshot shows them.
+    pub(super) fn map(&mut self, address: u64, size: u64, template: SegmentRec) {
+        let adjacent = |st: &State, s: u32| {
+            let x = &st.segments[s as usize];
+            x.expandable && x.stream == template.stream
+        };
+        let before = self.seg_by_addr.range(..address).next_back().map(|(_, &s)| s).filter(|&s| {
+            let x = &self.segments[s as usize];
+            adjacent(self, s) && x.address + x.size == address
+        });
+        let after = self.seg_by_addr.get(&(address + size)).copied().filter(|&s| adjacent(self, s));
+        let mut seg = SegmentRec { address, size, ..template };
+        let mut blocks = Vec::new();
+        if let Some(b) = before {
+            let (prev, prev_blocks) = self.take_segment(b);
+            seg = SegmentRec { size: prev.size + size, ..prev };
+            blocks = prev_blocks;
+        }
+        blocks.push(BlockRec::free(address, size));
+        if let Some(a) = after {
+            let (next, next_blocks) = self.take_segment(a);
+            seg.size += next.size;
+            blocks.extend(next_blocks);
+        }
+        self.insert_segment(seg, coalesce(blocks));
+    }
+
+    /// Unmaps `[address, address + size)` of expandable memory, splitting a segment in two
+    /// where the hole falls inside it. Returns false if live blocks were in the way.
+    pub(super) fn unmap(&mut self, address: u64, size: u64) -> bool {
+        let end = address + size;
+        let hit: Vec<u32> = self
+            .seg_by_addr
+            .range(..end)
+            .map(|(_, &s)| s)
+            .filter(|&s| {
+                let x = &self.segments[s as usize];
+                x.address + x.size > address
+            })
+            .collect();
+        let mut clean = !hit.is_empty();
+        for s in hit {
+            let (seg, blocks) = self.take_segment(s);
+            let seg_end = seg.address + seg.size;
+            let (head, hole, tail) = carve(blocks, address, end);
+            clean &= hole.iter().all(|b| b.state == BlockState::Inactive);
+            if address > seg.address {
+                self.insert_segment(SegmentRec { size: address - seg.address, ..seg.clone() }, head);
+            }
+            if end < seg_end {
+                self.insert_segment(SegmentRec { address: end, size: seg_end - end, ..seg }, tail);
+            }
+        }
+        clean
+    }
+
+    /// Largest inactive block among segments of one stream and pool.
+    pub fn largest_free_in(&self, stream: u16, kind: PoolKind, private: (i64, i64)) -> u64 {
+        self.segment_ids()
+            .filter(|&s| {
+                let x = &self.segments[s as usize];
+                x.stream == stream && x.pool.kind == kind && x.pool.id == private
+            })
+            .flat_map(|s| self.block_ids(s))
+            .map(|b| &self.blocks[b as usize])
+            .filter(|b| b.state == BlockState::Inactive)
+            .map(|b| b.size)
+            .max()
+            .unwrap_or(0)
+    }
+}
