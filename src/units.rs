@@ -14,6 +14,21 @@ pub fn bytes(n: u64) -> String {
     if unit == 0 { format!("{n} B") } else { format!("{v:.2} {}", UNITS[unit]) }
 }
 
+/// Bytes exactly as torch's OOM message writes them (`format_size` in the allocator):
+/// `1024.00 MiB` for 1 GiB, `0 bytes`, so a summary quotes the numbers the user saw.
+pub fn torch_size(n: u64) -> String {
+    let v = n as f64;
+    if n <= 1024 {
+        format!("{n} bytes")
+    } else if n <= 1 << 20 {
+        format!("{:.2} KiB", v / 1024.0)
+    } else if n <= 1 << 30 {
+        format!("{:.2} MiB", v / (1u64 << 20) as f64)
+    } else {
+        format!("{:.2} GiB", v / (1u64 << 30) as f64)
+    }
+}
+
 /// An address, written in JSON as a hex string (`"0x7f3a..."`): JavaScript numbers lose
 /// precision above 2^53.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -34,6 +49,14 @@ mod tests {
         assert_eq!(bytes(512), "512 B");
         assert_eq!(bytes(545259520), "520.00 MiB");
         assert_eq!(bytes(3271557120), "3.05 GiB");
+    }
+
+    #[test]
+    fn torch_sizes_match_the_oom_message() {
+        assert_eq!(torch_size(0), "0 bytes");
+        assert_eq!(torch_size(1 << 30), "1024.00 MiB");
+        assert_eq!(torch_size(3271557120), "3.05 GiB");
+        assert_eq!(torch_size(20 << 20), "20.00 MiB");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use super::oom::{Oom, Verdict};
 use super::rhythm::Rhythm;
 use super::sites::CallSite;
 use crate::replay::rules::{LARGE_BUFFER, Rules, SMALL_BUFFER, SMALL_SIZE};
-use crate::units::bytes;
+use crate::units::{bytes, torch_size};
 
 const MIB: u64 = 1 << 20;
 
@@ -90,21 +90,22 @@ fn summary(f: &Facts, oom: Option<&Oom>) -> String {
     };
     match oom {
         Some(o) if o.verdict == Verdict::Fragmentation => format!(
-            "Out of memory at event {}, asking for {}: {} was allocated and {} reserved but unallocated, enough for the request, but the largest free block it could use was {}: fragmentation. {} of free memory sat in segments pinned by live blocks{}.",
+            "Out of memory at event {}, trying to allocate {}: {} was allocated and {} reserved but unallocated, enough for the request, but the largest free block it could use was {}: fragmentation. {} of free memory sat in segments pinned by live blocks{}.",
             o.event_index,
-            bytes(o.requested_bytes),
-            bytes(o.allocated_bytes),
-            bytes(o.reserved_bytes - o.allocated_bytes),
+            torch_size(o.allocation_bytes),
+            torch_size(o.allocated_bytes),
+            torch_size(o.reserved_bytes - o.allocated_bytes),
             bytes(o.largest_usable_free_bytes),
             bytes(o.pinned_free_bytes),
             who(&o.pinners),
         ),
         Some(o) => format!(
-            "Out of memory at event {}, asking for {}: {} was allocated and only {} reserved but unallocated, less than the request: capacity. The live tensors need more memory than the budget; no allocator setting can fit this run, only using less memory can.",
+            "Out of memory at event {}, trying to allocate {} (for a request of {}): {} was allocated and only {} reserved but unallocated, less than the request: capacity. The live tensors need more memory than the budget; no allocator setting can fit this run, only using less memory can.",
             o.event_index,
-            bytes(o.requested_bytes),
-            bytes(o.allocated_bytes),
-            bytes(o.reserved_bytes - o.allocated_bytes),
+            torch_size(o.allocation_bytes),
+            torch_size(o.requested_bytes),
+            torch_size(o.allocated_bytes),
+            torch_size(o.reserved_bytes - o.allocated_bytes),
         ),
         None if pinned.bytes > 0 => format!(
             "No OOM in this trace. At the end, {} of the {} reserved ({:.0}%) is free but pinned by live blocks in {} segments{}.",

@@ -26,6 +26,8 @@ pub struct Oom {
     pub time_us: Option<i64>,
     /// The request, rounded as the allocator rounds it.
     pub requested_bytes: u64,
+    /// The segment cudaMalloc was asked for ("Tried to allocate" in torch's message).
+    pub allocation_bytes: u64,
     /// `small` (at most 1 MiB) or `large`.
     pub pool: &'static str,
     pub stream: i64,
@@ -72,6 +74,7 @@ impl Observer for OomObserver<'_> {
             event_index: index as u64,
             time_us: e.time(),
             requested_bytes: e.size,
+            allocation_bytes: Rules::segment_size(e.size),
             pool: if small { "small" } else { "large" },
             stream: self.snapshot.stream(e.stream),
             reserved_bytes: t.reserved_bytes,

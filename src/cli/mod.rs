@@ -1,6 +1,9 @@
 //! The `fragscope` command: subcommands, their arguments, and their text output.
 //!
-//! Exit codes: 0 success, 2 the input was refused (bad file, not a snapshot), 1 anything else.
+//! Exit codes: 0 success, 2 the input was refused (bad file, not a snapshot, no such event),
+//! 1 anything else.
+
+mod segmap;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -31,6 +34,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the segment map at one event: segments to scale, pinned gaps marked.
+    State {
+        file: PathBuf,
+        /// An event index (0 is the first), `start` (before the first), `oom` (the first OOM)
+        /// or `final` (the snapshot's segments).
+        #[arg(long, default_value = "final")]
+        event: String,
+        /// The device, when the snapshot holds several.
+        #[arg(long)]
+        device: Option<i64>,
+    },
 }
 
 pub fn run(cli: Cli) -> ExitCode {
@@ -43,7 +57,49 @@ pub fn run(cli: Cli) -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&file, e),
         },
+        Command::State { file, event, device } => match state(&file, &event, device) {
+            Ok(Ok(text)) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Ok(Err(usage)) => {
+                eprintln!("fragscope: {}: {usage}", file.display());
+                ExitCode::from(2)
+            }
+            Err(e) => fail(&file, e),
+        },
     }
+}
+
+/// The segment map text, or a usage error (no such device or event).
+fn state(file: &std::path::Path, event: &str, device: Option<i64>) -> Result<Result<String, String>, IngestError> {
+    let snap = ingest::ingest_path(file, &ingest::Options::default())?.snapshot;
+    let devices: Vec<i64> = snap.devices.iter().map(|d| d.device).collect();
+    let d = match device {
+        Some(want) => snap.devices.iter().find(|d| d.device == want),
+        None => snap.devices.first(),
+    };
+    let Some(d) = d else {
+        return Ok(Err(format!("no device {} (devices: {devices:?})", device.unwrap_or(0))));
+    };
+    let n = snap.device_events(d).len();
+    let replay = || crate::replay::Replay::run_with(&snap, d, &mut (), false);
+    let (state, title) = match event {
+        "final" => (crate::replay::final_state(d), format!("device {}, final", d.device)),
+        "start" => (replay().state_at(&snap, None), format!("device {}, before the first of {n} events", d.device)),
+        "oom" => match snap.device_events(d).iter().position(|e| e.action == crate::snapshot::Action::OOM) {
+            Some(i) => (replay().state_at(&snap, Some(i)), format!("device {}, at the OOM (event {i} of {n})", d.device)),
+            None => return Ok(Err("this trace has no OOM".into())),
+        },
+        n_str => match n_str.parse::<usize>() {
+            Ok(i) if i < n => {
+                let action = snap.action_name(snap.device_events(d)[i].action).to_string();
+                (replay().state_at(&snap, Some(i)), format!("device {}, after event {i} ({action}) of {n}", d.device))
+            }
+            _ => return Ok(Err(format!("--event must be 0..{n}, start, oom or final; got {n_str:?}"))),
+        },
+    };
+    Ok(Ok(segmap::render(&snap, &state, &title)))
 }
 
 fn fail(file: &std::path::Path, e: IngestError) -> ExitCode {
