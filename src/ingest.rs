@@ -234,6 +234,14 @@ enum Format {
     Zstd,
 }
 
+/// Checks a file's first bytes: an error for formats that are certainly not a snapshot.
+pub fn check_head(head: &[u8]) -> Result<(), IngestError> {
+    sniff(head).map(|_| ())
+}
+
+/// Opcodes a pickle of protocol 0 or 1 can start with (2 and up start with PROTO, 0x80).
+const OLD_PICKLE_STARTS: &[u8] = b"(]})NIJKLMFGSTUVXdlt";
+
 fn sniff(head: &[u8]) -> Result<Format, IngestError> {
     let first_text = head.iter().find(|b| !b.is_ascii_whitespace());
     Ok(match head {
@@ -245,7 +253,15 @@ fn sniff(head: &[u8]) -> Result<Format, IngestError> {
         }
         [b'P', b'K', 3, 4, ..] => return Err(IngestError::Unsupported("zip archives are not read: upload the snapshot inside".into())),
         _ if matches!(first_text, Some(b'{') | Some(b'[')) => Format::Json,
-        _ => Format::Pickle,
+        [0x80, ..] => Format::Pickle,
+        [b, ..] if OLD_PICKLE_STARTS.contains(b) => Format::Pickle,
+        _ => {
+            let shown: Vec<String> = head.iter().take(8).map(|b| format!("{b:02x}")).collect();
+            return Err(IngestError::Unsupported(format!(
+                "not a pickle, JSON, gzip or zstd file (it starts with {}) at byte 0",
+                shown.join(" ")
+            )));
+        }
     })
 }
 

@@ -8,15 +8,24 @@
 //! 1. [`reader`]: hostile bytes to values (pickle or JSON); never executes, caps everything.
 //! 2. [`snapshot`]: values to the typed model (segments, blocks, compact events, stacks).
 //! 3. [`ingest`]: the only caller of the reader: sniffs and decompresses, then 1 and 2.
-//! 4. [`analysis`]: every number reported about a snapshot.
-//! 5. [`cli`]: the `fragscope` command's subcommands and their text output.
+//! 4. [`replay`]: the allocator's state right after any event; checkpoints; observers.
+//! 5. [`analysis`]: every number reported about a snapshot, and the diagnosis.
+//! 6. [`store`]: every file write and SQL query: uploads, metadata, results.
+//! 7. [`worker`] and [`loaded`]: background analysis of uploads; parsed snapshots in memory.
+//! 8. [`web`]: the HTTP API and pages; [`cli`]: the `fragscope` command; [`config`].
 //!
-//! Dependencies point down this list only; the reader depends on nothing in the crate.
+//! Dependencies point down this list only; the reader depends on nothing in the crate, and
+//! the web layer never reaches into the reader.
 
 pub mod analysis;
 pub mod cli;
+pub mod config;
 pub mod ingest;
+pub mod loaded;
 pub mod reader;
 pub mod replay;
 pub mod snapshot;
+pub mod store;
 pub mod units;
+pub mod web;
+pub mod worker;

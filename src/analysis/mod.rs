@@ -9,6 +9,7 @@
 //! - `rhythm`: pinned segments created at a regular rhythm (the seed pattern).
 //! - `advice`: the diagnosis and its remedies.
 //! - `sites`: which frame of a stack is the call site.
+//! - `map`: the segment map at one moment, as the API and the page show it.
 //!
 //! [`analyze`] replays each device once, with the observers that need the forward pass, and
 //! assembles the document that `fragscope analyze --json` prints and the API serves. Analysis
@@ -18,6 +19,7 @@ mod actions;
 pub mod advice;
 mod counters;
 pub mod gaps;
+pub mod map;
 pub mod oom;
 pub mod rhythm;
 pub mod sites;
@@ -45,6 +47,8 @@ use timeline::{Peak, Timeline};
 pub struct Analysis {
     pub source: Source,
     pub allocator_settings: Option<serde_json::Value>,
+    /// `external_annotations` (torch >= 2.5): named ranges such as optimizer steps.
+    pub annotations: Vec<crate::snapshot::Annotation>,
     pub devices: Vec<DeviceAnalysis>,
 }
 
@@ -89,7 +93,9 @@ pub struct Analyzed {
 pub enum Depth {
     /// The document only (the CLI): no per-event series, no checkpoints.
     Report,
-    /// Everything a server needs to answer any query later.
+    /// Checkpoints for the state at any event, but no series (reloading a stored snapshot).
+    Index,
+    /// Everything a server stores after an upload: series and checkpoints.
     Serve,
 }
 
@@ -102,7 +108,12 @@ pub fn analyze(snapshot: &Snapshot, source: Source, depth: Depth) -> Analyzed {
         replays.push(replay);
         timelines.push(timeline);
     }
-    let analysis = Analysis { source, allocator_settings: snapshot.allocator_settings.clone(), devices };
+    let analysis = Analysis {
+        source,
+        allocator_settings: snapshot.allocator_settings.clone(),
+        annotations: snapshot.annotations.clone(),
+        devices,
+    };
     Analyzed { analysis, replays, timelines }
 }
 
@@ -143,7 +154,7 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
         sizes: Sizes(HashMap::new()),
         rules: rules.clone(),
     };
-    let replay = Replay::run_with(snapshot, d, &mut pass, serve);
+    let replay = Replay::run_with(snapshot, d, &mut pass, depth != Depth::Report);
     let initial = replay.state_at(snapshot, None).totals;
     let mut peak = pass.timeline.peak;
     if initial.reserved_bytes >= peak.reserved_bytes {

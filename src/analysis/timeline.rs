@@ -75,25 +75,49 @@ impl Timeline {
     /// Events `range` in `points` buckets, each with its first event and the min and max of
     /// every series.
     pub fn downsample(&self, range: std::ops::Range<usize>, points: usize) -> Downsampled {
-        let range = range.start.min(self.len())..range.end.min(self.len());
-        let n = range.len();
-        let points = points.clamp(1, n.max(1));
-        let mut out = Downsampled { start: range.start as u64, end: range.end as u64, ..Downsampled::default() };
-        if n == 0 {
-            return out;
+        downsample(&self.time_us, self.columns(), range, points)
+    }
+}
+
+/// Downsamples columns (one value per event) into `points` buckets over `range`.
+pub fn downsample(time_us: &[i64], columns: [&[u64]; 5], range: std::ops::Range<usize>, points: usize) -> Downsampled {
+    let len = time_us.len();
+    let range = range.start.min(len)..range.end.min(len);
+    let n = range.len();
+    let points = points.clamp(1, n.max(1));
+    let mut out = Downsampled { start: range.start as u64, end: range.end as u64, ..Downsampled::default() };
+    if n == 0 {
+        return out;
+    }
+    for k in 0..points {
+        let lo = range.start + k * n / points;
+        let hi = (range.start + (k + 1) * n / points).max(lo + 1).min(range.end);
+        out.event.push(lo as u64);
+        out.time_us.push(time_us[lo]);
+        for (s, col) in columns.iter().enumerate() {
+            let slice = &col[lo..hi];
+            out.min[s].push(slice.iter().copied().min().unwrap_or(0));
+            out.max[s].push(slice.iter().copied().max().unwrap_or(0));
         }
-        for k in 0..points {
-            let lo = range.start + k * n / points;
-            let hi = (range.start + (k + 1) * n / points).max(lo + 1).min(range.end);
-            out.event.push(lo as u64);
-            out.time_us.push(self.time_us.get(lo).copied().unwrap_or(0));
-            for (s, col) in self.columns().iter().enumerate() {
-                let slice = &col[lo..hi];
-                out.min[s].push(slice.iter().copied().min().unwrap_or(0));
-                out.max[s].push(slice.iter().copied().max().unwrap_or(0));
-            }
+    }
+    out
+}
+
+impl Downsampled {
+    /// The compact binary form the page reads with one `Float64Array`: `[points, start, end]`,
+    /// then `points` values each of: event, time_us, and min and max of every series in
+    /// [`SERIES`] order. Little-endian f64: exact for every byte count under 8 PiB.
+    pub fn to_f64_bytes(&self) -> Vec<u8> {
+        let n = self.event.len();
+        let mut v: Vec<f64> = Vec::with_capacity(3 + n * 12);
+        v.extend([n as f64, self.start as f64, self.end as f64]);
+        v.extend(self.event.iter().map(|&x| x as f64));
+        v.extend(self.time_us.iter().map(|&x| x as f64));
+        for s in 0..SERIES.len() {
+            v.extend(self.min[s].iter().map(|&x| x as f64));
+            v.extend(self.max[s].iter().map(|&x| x as f64));
         }
-        out
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
 }
 
@@ -101,7 +125,7 @@ impl Timeline {
 pub const SERIES: [&str; 5] = ["reserved_bytes", "allocated_bytes", "active_bytes", "pinned_free_bytes", "largest_free_block_bytes"];
 
 /// A downsampled stretch of the timeline.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Downsampled {
     pub start: u64,
     pub end: u64,

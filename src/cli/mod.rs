@@ -25,7 +25,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the web server (upload snapshots, share diagnosis links, REST API).
-    Serve,
+    Serve(crate::config::Config),
     /// Analyse a snapshot file and print what it holds.
     Analyze {
         /// A snapshot: pickle (protocol 2-5) or JSON, optionally gzip- or zstd-compressed.
@@ -49,10 +49,7 @@ pub enum Command {
 
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
-        Command::Serve => {
-            eprintln!("fragscope serve: the server is not built yet; use `fragscope analyze FILE`");
-            ExitCode::from(1)
-        }
+        Command::Serve(config) => serve(config),
         Command::Analyze { file, json } => match analyze(&file, json) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&file, e),
@@ -100,6 +97,26 @@ fn state(file: &std::path::Path, event: &str, device: Option<i64>) -> Result<Res
         },
     };
     Ok(Ok(segmap::render(&snap, &state, &title)))
+}
+
+fn serve(config: crate::config::Config) -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FRAGSCOPE_LOG").unwrap_or_else(|_| "info,tower_http=warn,sqlx=warn".into());
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fragscope: cannot start: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(crate::web::serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fragscope: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 fn fail(file: &std::path::Path, e: IngestError) -> ExitCode {

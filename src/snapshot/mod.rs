@@ -132,7 +132,7 @@ pub struct Block {
     pub stack: StackId,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Annotation {
     pub name: String,
     /// `START` or `END`.

@@ -4,6 +4,7 @@ mod diagnosis;
 mod hostile;
 mod reader_props;
 mod replay;
+mod server;
 mod truth;
 mod util;
 mod variants;

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+// (TestServer below needs Stdio and Instant too.)
 
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -99,4 +100,164 @@ pub fn json_diff(path: &str, want: &serde_json::Value, got: &serde_json::Value, 
         _ if want != got => out.push(format!("{path}: want {want}, got {got}")),
         _ => {}
     }
+}
+
+/// The real server, on a free loopback port with its own data dir; killed when dropped.
+pub struct TestServer {
+    pub child: std::process::Child,
+    pub base: String,
+    pub data: std::path::PathBuf,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl TestServer {
+    pub fn start(args: &[&str]) -> TestServer {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let mut s = TestServer::start_in(&data, args);
+        s._dir = Some(dir);
+        s
+    }
+
+    /// Starts on an existing data dir (to test restarts).
+    pub fn start_in(data: &Path, args: &[&str]) -> TestServer {
+        use std::io::BufRead;
+        let mut child = Command::new(bin())
+            .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
+            .arg(data)
+            .args(args)
+            .env("FRAGSCOPE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the server");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = std::io::BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            for _ in lines {}
+        });
+        let line = rx.recv_timeout(Duration::from_secs(30)).expect("the server prints its address");
+        let base = line.rsplit(' ').next().unwrap().to_string();
+        assert!(base.starts_with("http://127.0.0.1:"), "{line}");
+        TestServer { child, base, data: data.to_path_buf(), _dir: None }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn client() -> reqwest::blocking::Client {
+        reqwest::blocking::Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
+    }
+
+    pub fn get(&self, path: &str) -> reqwest::blocking::Response {
+        Self::client().get(self.url(path)).send().unwrap()
+    }
+
+    pub fn get_json(&self, path: &str) -> serde_json::Value {
+        let r = self.get(path);
+        assert!(r.status().is_success(), "GET {path}: {}", r.status());
+        r.json().unwrap()
+    }
+
+    /// Uploads a file as a raw body; returns the answer's JSON (asserting 202).
+    pub fn upload(&self, file: &Path) -> serde_json::Value {
+        let r = Self::client().post(self.url("/api/v1/snapshots")).body(std::fs::read(file).unwrap()).send().unwrap();
+        assert_eq!(r.status().as_u16(), 202, "upload {}: {:?}", file.display(), r.text());
+        r.json().unwrap()
+    }
+
+    /// Polls a snapshot until its analysis is done; returns its status JSON.
+    pub fn wait_done(&self, id: &str) -> serde_json::Value {
+        let start = Instant::now();
+        loop {
+            let s = self.get_json(&format!("/api/v1/snapshots/{id}"));
+            if s["status"] == "ready" || s["status"] == "failed" {
+                return s;
+            }
+            assert!(start.elapsed() < Duration::from_secs(120), "analysis of {id} never finished: {s}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The server's peak resident memory so far, in KiB (Linux).
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A valid snapshot pickle of `cycles` alloc/free cycles in one 20 MiB segment: big inputs for
+/// tests without committing big files. Written opcode by opcode (protocol 4).
+pub fn synthetic_snapshot(cycles: usize) -> Vec<u8> {
+    fn s(out: &mut Vec<u8>, text: &str) {
+        out.push(0x8c);
+        out.push(text.len() as u8);
+        out.extend_from_slice(text.as_bytes());
+    }
+    fn int(out: &mut Vec<u8>, v: u64) {
+        out.push(0x8a);
+        out.push(8);
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    let (addr, seg) = (0x7f00_0000_0000u64, 20u64 << 20);
+    let mut out = b"\x80\x04}(".to_vec();
+    s(&mut out, "segments");
+    out.extend_from_slice(b"](}(");
+    for (k, v) in [("device", 0u64), ("address", addr), ("total_size", seg), ("stream", 0)] {
+        s(&mut out, k);
+        int(&mut out, v);
+    }
+    s(&mut out, "segment_type");
+    s(&mut out, "large");
+    s(&mut out, "blocks");
+    out.extend_from_slice(b"](}(");
+    s(&mut out, "size");
+    int(&mut out, seg);
+    s(&mut out, "state");
+    s(&mut out, "inactive");
+    out.extend_from_slice(b"ueue"); // block dict, blocks list; segment dict, segments list
+    s(&mut out, "device_traces");
+    out.extend_from_slice(b"](]");
+    let mut t = 1_700_000_000_000_000u64;
+    let mut event = |out: &mut Vec<u8>, action: &str, size: u64| {
+        out.extend_from_slice(b"}(");
+        s(out, "action");
+        s(out, action);
+        s(out, "addr");
+        int(out, addr);
+        s(out, "size");
+        int(out, size);
+        s(out, "stream");
+        int(out, 0);
+        s(out, "time_us");
+        t += 1;
+        int(out, t);
+        out.push(b'u');
+        out.push(b'a');
+    };
+    event(&mut out, "segment_alloc", seg);
+    for _ in 0..cycles {
+        event(&mut out, "alloc", 1 << 20);
+        event(&mut out, "free_requested", 1 << 20);
+        event(&mut out, "free_completed", 1 << 20);
+    }
+    out.extend_from_slice(b"eu."); // the trace into device_traces; the top dict
+    out
 }

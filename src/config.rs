@@ -1,0 +1,86 @@
+//! The server's settings: each a `serve` flag and an environment variable, with defaults that
+//! work on a fresh machine (a `fragscope-data` folder in the working directory, loopback only).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+
+#[derive(Debug, Clone, Args)]
+pub struct Config {
+    /// Address to listen on (port 0 picks a free port and prints it).
+    #[arg(long, env = "FRAGSCOPE_ADDR", default_value = "127.0.0.1:8080")]
+    pub addr: SocketAddr,
+    /// Where uploads, results and the metadata database live.
+    #[arg(long, env = "FRAGSCOPE_DATA_DIR", default_value = "fragscope-data")]
+    pub data_dir: PathBuf,
+    /// Largest accepted upload: bytes, or with a unit (500MB, 4GiB).
+    #[arg(long, env = "FRAGSCOPE_MAX_UPLOAD", default_value = "4GiB", value_parser = parse_size)]
+    pub max_upload: u64,
+    /// If set, uploading, listing and deleting need `Authorization: Bearer TOKEN`.
+    /// Opening a share link never does: the link is its own capability.
+    #[arg(long, env = "FRAGSCOPE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Delete snapshots older than this many days (checked hourly); keep forever if unset.
+    #[arg(long, env = "FRAGSCOPE_RETAIN_DAYS")]
+    pub retain_days: Option<u64>,
+    /// Analyses run at once (they are CPU-heavy); more uploads wait in a queue.
+    #[arg(long, env = "FRAGSCOPE_ANALYSIS_WORKERS", default_value_t = 2)]
+    pub analysis_workers: usize,
+    /// Snapshots kept parsed in memory for state-at-event queries.
+    #[arg(long, env = "FRAGSCOPE_LOADED_SNAPSHOTS", default_value_t = 4)]
+    pub loaded_snapshots: usize,
+    /// Seconds a request may take to arrive and be answered (uploads: per 64 KiB received).
+    #[arg(long, env = "FRAGSCOPE_REQUEST_TIMEOUT", default_value_t = 30)]
+    pub request_timeout_secs: u64,
+}
+
+impl Config {
+    /// A configuration for tests: a given data dir, a free loopback port.
+    pub fn for_tests(data_dir: PathBuf) -> Config {
+        Config {
+            addr: "127.0.0.1:0".parse().expect("loopback"),
+            data_dir,
+            max_upload: 4 << 30,
+            token: None,
+            retain_days: None,
+            analysis_workers: 2,
+            loaded_snapshots: 4,
+            request_timeout_secs: 30,
+        }
+    }
+}
+
+/// `4GiB`, `500MB`, `1024`: bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: f64 = number.parse().map_err(|_| format!("not a size: {s:?}"))?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1048576.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1073741824.0,
+        "t" | "tb" => 1e12,
+        "tib" => 1099511627776.0,
+        other => return Err(format!("unknown size unit {other:?} in {s:?}")),
+    };
+    Ok((n * scale) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("4GiB"), Ok(4 << 30));
+        assert_eq!(parse_size("500MB"), Ok(500_000_000));
+        assert_eq!(parse_size("1024"), Ok(1024));
+        assert!(parse_size("4 parsecs").is_err());
+    }
+}

@@ -1,0 +1,56 @@
+//! The REST API under `/api/v1`, one file per resource. The routes are fixed: scripts rely on
+//! them (see `static/openapi.json`, served at `/api/v1/openapi.json`).
+
+pub mod snapshots;
+pub mod views;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+
+use super::AppState;
+
+/// Every route, as the OpenAPI document names it (a test holds the two together).
+pub const PATHS: &[&str] = &[
+    "/api/v1/snapshots",
+    "/api/v1/snapshots/{id}",
+    "/api/v1/snapshots/{id}/blob",
+    "/api/v1/snapshots/{id}/analysis",
+    "/api/v1/snapshots/{id}/diagnosis",
+    "/api/v1/snapshots/{id}/ooms",
+    "/api/v1/snapshots/{id}/settings",
+    "/api/v1/snapshots/{id}/stacks/{stack}",
+    "/api/v1/snapshots/{id}/devices/{device}/timeline",
+    "/api/v1/snapshots/{id}/devices/{device}/state",
+    "/api/v1/snapshots/{id}/devices/{device}/events",
+    "/api/v1/snapshots/{id}/devices/{device}/pinners",
+    "/api/v1/openapi.json",
+];
+
+pub fn routes() -> Router<AppState> {
+    let one = "/api/v1/snapshots/{id}";
+    let device = "/api/v1/snapshots/{id}/devices/{device}";
+    Router::new()
+        // Uploads are capped by `--max-upload` while they stream, not by axum's 2 MB default.
+        .route("/api/v1/snapshots", post(snapshots::create).layer(DefaultBodyLimit::disable()).get(snapshots::list))
+        .route(one, get(snapshots::get).delete(snapshots::delete))
+        .route(&format!("{one}/blob"), get(snapshots::blob))
+        .route(&format!("{one}/analysis"), get(views::analysis))
+        .route(&format!("{one}/diagnosis"), get(views::diagnosis))
+        .route(&format!("{one}/ooms"), get(views::ooms))
+        .route(&format!("{one}/settings"), get(views::settings))
+        .route(&format!("{one}/stacks/{{stack}}"), get(views::stack))
+        .route(&format!("{device}/timeline"), get(views::timeline))
+        .route(&format!("{device}/state"), get(views::state))
+        .route(&format!("{device}/events"), get(views::events))
+        .route(&format!("{device}/pinners"), get(views::pinners))
+        .route("/api/v1/openapi.json", get(openapi))
+}
+
+/// The OpenAPI document, written by hand beside the routes it describes (a test checks that
+/// every route above is in it).
+pub const OPENAPI: &str = include_str!("../../../static/openapi.json");
+
+async fn openapi() -> impl axum::response::IntoResponse {
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI)
+}

@@ -1,0 +1,163 @@
+//! `/api/v1/snapshots`: upload, list, status, delete, and the original file.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+
+use crate::ingest;
+use crate::store::{SnapshotRow, Status};
+use crate::web::error::ApiError;
+use crate::web::extract::{Path, Query};
+use crate::web::{AppState, upload};
+
+/// Uploads up to this size are read through before the answer, so a file that is no snapshot
+/// gets its 4xx at once; larger ones are checked by their first bytes, then analysed in the
+/// background.
+pub const CHECK_BEFORE_ANSWER: u64 = 32 << 20;
+
+#[derive(Deserialize)]
+pub struct CreateQuery {
+    name: Option<String>,
+    note: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct Created {
+    id: String,
+    status_url: String,
+    page_url: String,
+    /// True when the same bytes were uploaded before: this is that snapshot.
+    duplicate: bool,
+}
+
+/// What a name or a note may be: printable, bounded.
+fn clean(text: &str, max: usize) -> String {
+    text.chars().filter(|c| !c.is_control()).take(max).collect::<String>().trim().to_string()
+}
+
+pub async fn create(State(app): State<AppState>, headers: HeaderMap, Query(q): Query<CreateQuery>, request: Request) -> Result<(StatusCode, Json<Created>), ApiError> {
+    app.authorize(&headers)?;
+    let got = upload::receive(request, app.store.temp_path(), app.config.max_upload).await?;
+    let refuse = |e: ApiError, temp: &std::path::Path| {
+        let _ = std::fs::remove_file(temp);
+        Err(e)
+    };
+    if let Some(existing) = app.store.meta.by_sha256(&got.sha256).await? {
+        let _ = std::fs::remove_file(&got.temp);
+        return Ok((StatusCode::ACCEPTED, Json(created(&existing, true))));
+    }
+    if let Err(e) = ingest::check_head(&got.head) {
+        return refuse(e.into(), &got.temp);
+    }
+    if got.bytes <= CHECK_BEFORE_ANSWER {
+        let _slot = app.worker.slots.acquire().await.map_err(|e| ApiError::Internal(e.to_string()))?;
+        let temp = got.temp.clone();
+        let checked = tokio::task::spawn_blocking(move || ingest::ingest_path(&temp, &ingest::Options::default()).map(|_| ())).await;
+        match checked {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return refuse(e.into(), &got.temp),
+            Err(e) => return refuse(ApiError::Internal(e.to_string()), &got.temp),
+        }
+    }
+    let name = clean(q.name.as_deref().or(got.name.as_deref()).or(got.filename.as_deref()).unwrap_or("snapshot"), 200);
+    let note = clean(q.note.as_deref().or(got.note.as_deref()).unwrap_or(""), 4000);
+    let (row, new) = app.store.add_upload(got.temp, got.sha256, got.bytes, if name.is_empty() { "snapshot".into() } else { name }, note).await?;
+    if new {
+        app.worker.enqueue(&row.id);
+    }
+    Ok((StatusCode::ACCEPTED, Json(created(&row, !new))))
+}
+
+fn created(row: &SnapshotRow, duplicate: bool) -> Created {
+    Created {
+        id: row.id.clone(),
+        status_url: format!("/api/v1/snapshots/{}", row.id),
+        page_url: format!("/s/{}", row.id),
+        duplicate,
+    }
+}
+
+#[derive(Serialize)]
+pub struct StatusView {
+    id: String,
+    name: String,
+    note: String,
+    bytes: u64,
+    sha256: String,
+    status: Status,
+    /// 0 to 1: the share of the upload parsed so far (1 once ready).
+    progress: f64,
+    error: Option<String>,
+    verdict: Option<String>,
+    created_at: i64,
+    page_url: String,
+    analysis_url: String,
+}
+
+pub fn status_view(app: &AppState, row: SnapshotRow) -> StatusView {
+    let progress = match row.status {
+        Status::Ready => 1.0,
+        Status::Analyzing => app.worker.progress(&row.id).map(|read| read as f64 / row.bytes.max(1) as f64).unwrap_or(0.0).min(0.99),
+        Status::Queued | Status::Failed => 0.0,
+    };
+    StatusView {
+        page_url: format!("/s/{}", row.id),
+        analysis_url: format!("/api/v1/snapshots/{}/analysis", row.id),
+        id: row.id,
+        name: row.name,
+        note: row.note,
+        bytes: row.bytes,
+        sha256: row.sha256,
+        status: row.status,
+        progress,
+        error: row.error,
+        verdict: row.verdict,
+        created_at: row.created_at,
+    }
+}
+
+pub async fn get(State(app): State<AppState>, Path(id): Path<String>) -> Result<Json<StatusView>, ApiError> {
+    let row = app.row(&id).await?;
+    Ok(Json(status_view(&app, row)))
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    limit: Option<u32>,
+    offset: Option<u32>,
+}
+
+pub async fn list(State(app): State<AppState>, headers: HeaderMap, Query(q): Query<ListQuery>) -> Result<Json<Vec<StatusView>>, ApiError> {
+    app.authorize(&headers)?;
+    let rows = app.store.meta.list(q.limit.unwrap_or(50).min(500), q.offset.unwrap_or(0)).await?;
+    Ok(Json(rows.into_iter().map(|r| status_view(&app, r)).collect()))
+}
+
+pub async fn delete(State(app): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    app.authorize(&headers)?;
+    app.row(&id).await?;
+    app.store.delete(&id).await?;
+    app.loaded.remove(&id);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The original upload, as an attachment (never rendered by the browser).
+pub async fn blob(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let row = app.row(&id).await?;
+    let file = app.store.blobs.open(&row.sha256).map_err(|_| ApiError::NotFound("upload"))?;
+    let safe: String = row.name.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')).take(100).collect();
+    let filename = if safe.is_empty() { "snapshot".to_string() } else { safe };
+    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{filename}\"")),
+            (header::CONTENT_LENGTH, row.bytes.to_string()),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}

@@ -1,0 +1,231 @@
+//! Read-only views of an analysed snapshot: the analysis and its parts, the timeline, the
+//! segment map at an event, the events, pinners and stacks. What was stored at analysis time
+//! is served from disk; what needs the trace itself is computed on the parsed snapshot.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::analysis::{gaps, map, sites};
+use crate::loaded::Entry;
+use crate::store::{SnapshotRow, map_name};
+use crate::units::Addr;
+use crate::web::AppState;
+use crate::web::extract::{Path, Query};
+use crate::web::error::ApiError;
+
+/// A response for data that never changes once a snapshot is ready.
+fn immutable(headers: &HeaderMap, row: &SnapshotRow, tag: &str, content_type: &'static str, body: Vec<u8>) -> Response {
+    let etag = format!("\"{}-{tag}\"", row.id);
+    if headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) == Some(etag.as_str()) {
+        return (axum::http::StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
+    }
+    let mut r = ([(header::CONTENT_TYPE, content_type)], body).into_response();
+    let h = r.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("private, max-age=3600"));
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        h.insert(header::ETAG, v);
+    }
+    r
+}
+
+fn json_bytes<T: Serialize>(v: &T) -> Result<Vec<u8>, ApiError> {
+    serde_json::to_vec(v).map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+async fn analysis_value(app: &AppState, id: &str) -> Result<(SnapshotRow, Value), ApiError> {
+    let row = app.ready(id).await?;
+    let bytes = app.store.results.read(id, "analysis.json").map_err(|e| ApiError::Internal(format!("analysis.json: {e}")))?;
+    let v = serde_json::from_slice(&bytes).map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok((row, v))
+}
+
+pub async fn analysis(State(app): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let row = app.ready(&id).await?;
+    let bytes = app.store.results.read(&id, "analysis.json").map_err(|e| ApiError::Internal(format!("analysis.json: {e}")))?;
+    Ok(immutable(&headers, &row, "analysis", "application/json", bytes))
+}
+
+/// One key of every device, as `[{"device": d, KEY: ...}]`.
+async fn per_device(app: &AppState, id: &str, key: &str) -> Result<Json<Value>, ApiError> {
+    let (_, v) = analysis_value(app, id).await?;
+    let out: Vec<Value> = v["devices"].as_array().into_iter().flatten().map(|d| json!({"device": d["device"], key: d[key]})).collect();
+    Ok(Json(Value::Array(out)))
+}
+
+pub async fn diagnosis(State(app): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    per_device(&app, &id, "diagnosis").await
+}
+
+pub async fn ooms(State(app): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    per_device(&app, &id, "ooms").await
+}
+
+pub async fn settings(State(app): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let (_, v) = analysis_value(&app, &id).await?;
+    Ok(Json(json!({"allocator_settings": v["allocator_settings"], "annotations": v["annotations"]})))
+}
+
+#[derive(Deserialize)]
+pub struct TimelineQuery {
+    start: Option<usize>,
+    end: Option<usize>,
+    points: Option<usize>,
+    format: Option<String>,
+}
+
+/// The series over events `start..end` in at most `points` buckets (min and max per bucket).
+/// `format=bin` (or `Accept: application/octet-stream`) gives little-endian f64 columns.
+pub async fn timeline(State(app): State<AppState>, headers: HeaderMap, Path((id, device)): Path<(String, i64)>, Query(q): Query<TimelineQuery>) -> Result<Response, ApiError> {
+    let row = app.ready(&id).await?;
+    let t = app.store.results.timeline(&id, device).map_err(|_| ApiError::NotFound("device"))?;
+    let (start, end) = (q.start.unwrap_or(0), q.end.unwrap_or(t.len()).min(t.len()));
+    if start > end {
+        return Err(ApiError::BadRequest(format!("start {start} is after end {end}")));
+    }
+    let points = q.points.unwrap_or(1000).clamp(1, 20_000);
+    let binary = q.format.as_deref() == Some("bin")
+        || headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.starts_with("application/octet-stream"));
+    let d = tokio::task::spawn_blocking(move || t.downsample(start..end, points)).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+    let tag = format!("t{device}-{start}-{end}-{points}-{}", if binary { "b" } else { "j" });
+    if binary {
+        return Ok(immutable(&headers, &row, &tag, "application/octet-stream", d.to_f64_bytes()));
+    }
+    let series: serde_json::Map<String, Value> = crate::analysis::timeline::SERIES
+        .iter()
+        .enumerate()
+        .map(|(s, name)| (name.to_string(), json!({"min": d.min[s], "max": d.max[s]})))
+        .collect();
+    let body = json!({"device": device, "start": d.start, "end": d.end, "events": t_len(&d), "event": d.event, "time_us": d.time_us, "series": series});
+    Ok(immutable(&headers, &row, &tag, "application/json", json_bytes(&body)?))
+}
+
+fn t_len(d: &crate::analysis::timeline::Downsampled) -> u64 {
+    d.end - d.start
+}
+
+#[derive(Deserialize)]
+pub struct EventQuery {
+    /// An event index, or `final` (the default).
+    event: Option<String>,
+}
+
+/// Which moment a query names: None is the end.
+fn parse_event(q: &EventQuery) -> Result<Option<u64>, ApiError> {
+    match q.event.as_deref() {
+        None | Some("final") => Ok(None),
+        Some(s) => s.parse().map(Some).map_err(|_| ApiError::BadRequest(format!("event must be an index or `final`, got {s:?}"))),
+    }
+}
+
+async fn entry(app: &AppState, row: &SnapshotRow) -> Result<Arc<Entry>, ApiError> {
+    app.loaded.load(&app.store, &row.id, &row.sha256).await.map_err(ApiError::Internal)
+}
+
+/// The segments and blocks right after an event.
+pub async fn state(State(app): State<AppState>, headers: HeaderMap, Path((id, device)): Path<(String, i64)>, Query(q): Query<EventQuery>) -> Result<Response, ApiError> {
+    let row = app.ready(&id).await?;
+    let event = parse_event(&q)?;
+    let tag = format!("m{device}-{}", event.map(|e| e.to_string()).unwrap_or_else(|| "final".into()));
+    if let Ok(stored) = app.store.results.read(&id, &map_name(device, event)) {
+        return Ok(immutable(&headers, &row, &tag, "application/json", stored));
+    }
+    let entry = entry(&app, &row).await?;
+    let body = tokio::task::spawn_blocking(move || {
+        let (i, d) = entry.device(device).ok_or(ApiError::NotFound("device"))?;
+        let n = entry.snapshot.device_events(d).len() as u64;
+        let state = match event {
+            Some(e) if e >= n => return Err(ApiError::BadRequest(format!("event {e} is past the last of {n} events"))),
+            Some(e) => entry.replays[i].state_at(&entry.snapshot, Some(e as usize)),
+            None => crate::replay::final_state(d),
+        };
+        json_bytes(&map::segment_map(&entry.snapshot, device, event, &state))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    Ok(immutable(&headers, &row, &tag, "application/json", body))
+}
+
+/// Who pins free memory: at the end from the stored analysis, at an event by replaying.
+pub async fn pinners(State(app): State<AppState>, Path((id, device)): Path<(String, i64)>, Query(q): Query<EventQuery>) -> Result<Json<Value>, ApiError> {
+    let Some(event) = parse_event(&q)? else {
+        let (_, v) = analysis_value(&app, &id).await?;
+        let d = v["devices"].as_array().into_iter().flatten().find(|d| d["device"] == device).ok_or(ApiError::NotFound("device"))?;
+        return Ok(Json(json!({"device": device, "event": null, "pinned": d["pinned"], "pinners": d["pinners"], "gaps": d["gaps"]})));
+    };
+    let row = app.ready(&id).await?;
+    let entry = entry(&app, &row).await?;
+    tokio::task::spawn_blocking(move || {
+        let (i, d) = entry.device(device).ok_or(ApiError::NotFound("device"))?;
+        if event >= entry.snapshot.device_events(d).len() as u64 {
+            return Err(ApiError::BadRequest(format!("event {event} is past the last event")));
+        }
+        let state = entry.replays[i].state_at(&entry.snapshot, Some(event as usize));
+        let p = gaps::pinned(&state, &entry.snapshot.stacks);
+        let gaps: Vec<_> = p.gaps.iter().take(20).collect();
+        Ok(Json(json!({"device": device, "event": event, "pinned": p.summary, "pinners": p.pinners, "gaps": gaps})))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?
+}
+
+#[derive(Deserialize)]
+pub struct EventsQuery {
+    start: Option<u64>,
+    limit: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct EventView {
+    index: u64,
+    action: String,
+    address: Addr,
+    size: u64,
+    stream: i64,
+    time_us: Option<i64>,
+    stack: u32,
+    call_site: Option<sites::CallSite>,
+}
+
+/// The trace's events from `start`, at most `limit` (1000) at a time.
+pub async fn events(State(app): State<AppState>, Path((id, device)): Path<(String, i64)>, Query(q): Query<EventsQuery>) -> Result<Json<Value>, ApiError> {
+    let row = app.ready(&id).await?;
+    let entry = entry(&app, &row).await?;
+    let (start, limit) = (q.start.unwrap_or(0), q.limit.unwrap_or(100).clamp(1, 1000));
+    let (_, d) = entry.device(device).ok_or(ApiError::NotFound("device"))?;
+    let all = entry.snapshot.device_events(d);
+    let page: Vec<EventView> = all
+        .iter()
+        .enumerate()
+        .skip(start as usize)
+        .take(limit as usize)
+        .map(|(i, e)| EventView {
+            index: i as u64,
+            action: entry.snapshot.action_name(e.action).to_string(),
+            address: Addr(e.addr),
+            size: e.size,
+            stream: entry.snapshot.stream(e.stream),
+            time_us: e.time(),
+            stack: e.stack,
+            call_site: sites::call_site(&entry.snapshot.stacks, e.stack),
+        })
+        .collect();
+    let next = (start + page.len() as u64) < all.len() as u64;
+    Ok(Json(json!({"device": device, "total": all.len(), "start": start, "events": page, "next_start": next.then_some(start + limit)})))
+}
+
+/// The frames of a stack (ids come from segment maps and events).
+pub async fn stack(State(app): State<AppState>, Path((id, stack)): Path<(String, u32)>) -> Result<Json<Value>, ApiError> {
+    let row = app.ready(&id).await?;
+    let entry = entry(&app, &row).await?;
+    if stack as usize >= entry.snapshot.stacks.stack_count() {
+        return Err(ApiError::NotFound("stack"));
+    }
+    let s = &entry.snapshot.stacks;
+    Ok(Json(json!({"stack": stack, "call_site": sites::call_site(s, stack), "frames": sites::frames(s, stack)})))
+}

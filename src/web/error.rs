@@ -1,0 +1,86 @@
+//! One error type for the API, rendered once: a status code and `{"error", "detail"}`.
+//! Only this layer knows status codes; store failures are logged, not sent.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::ingest::IngestError;
+use crate::reader::ErrorKind;
+
+#[derive(Debug)]
+pub enum ApiError {
+    NotFound(&'static str),
+    BadRequest(String),
+    Unauthorized,
+    TooLarge(String),
+    UnsupportedMedia(String),
+    /// The bytes were read but are not a memory snapshot.
+    NotASnapshot(String),
+    /// The analysis has not finished (or failed): says which.
+    NotReady(String),
+    Failed(String),
+    Internal(String),
+}
+
+impl ApiError {
+    fn parts(&self) -> (StatusCode, &'static str, String) {
+        match self {
+            ApiError::NotFound(what) => (StatusCode::NOT_FOUND, "not_found", format!("no such {what}")),
+            ApiError::BadRequest(d) => (StatusCode::BAD_REQUEST, "bad_request", d.clone()),
+            ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "this needs `Authorization: Bearer <token>`".into()),
+            ApiError::TooLarge(d) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large", d.clone()),
+            ApiError::UnsupportedMedia(d) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_format", d.clone()),
+            ApiError::NotASnapshot(d) => (StatusCode::UNPROCESSABLE_ENTITY, "not_a_snapshot", d.clone()),
+            ApiError::NotReady(d) => (StatusCode::CONFLICT, "not_ready", d.clone()),
+            ApiError::Failed(d) => (StatusCode::UNPROCESSABLE_ENTITY, "analysis_failed", d.clone()),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "something went wrong on the server; it is logged".into()),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+
+    pub fn detail(&self) -> String {
+        self.parts().2
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Internal(e) = &self {
+            tracing::error!(error = %e, "internal error");
+        }
+        let (status, code, detail) = self.parts();
+        (status, Json(json!({"error": code, "detail": detail}))).into_response()
+    }
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> Self {
+        let mut msg = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            msg.push_str(": ");
+            msg.push_str(&s.to_string());
+            source = s.source();
+        }
+        ApiError::Internal(msg)
+    }
+}
+
+/// What a refused upload answers: the reader's message, with its byte offset.
+impl From<IngestError> for ApiError {
+    fn from(e: IngestError) -> Self {
+        let msg = e.to_string();
+        match &e {
+            IngestError::Read { error, .. } if matches!(error.kind, ErrorKind::Limit { .. }) => ApiError::TooLarge(msg),
+            IngestError::Read { .. } | IngestError::Empty => ApiError::BadRequest(msg),
+            IngestError::Unsupported(_) => ApiError::UnsupportedMedia(msg),
+            IngestError::Model { .. } => ApiError::NotASnapshot(msg),
+            IngestError::Io(_) => ApiError::Internal(msg),
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The web layer: the router, its state, errors, and the API and pages. Handlers extract,
+//! make one call into the store, the loaded cache or the analysis, and shape the response;
+//! nothing here parses bytes or computes a metric.
+
+pub mod api;
+pub mod error;
+pub mod extract;
+mod upload;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{HeaderMap, HeaderValue, header};
+use tower_http::compression::CompressionLayer;
+use tower_http::set_header::SetResponseHeaderLayer;
+use tower_http::trace::TraceLayer;
+
+use crate::config::Config;
+use crate::loaded::Loaded;
+use crate::store::{SnapshotRow, Status, Store, valid_id};
+use crate::worker::Worker;
+use error::ApiError;
+
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+pub struct Inner {
+    pub config: Config,
+    pub store: Arc<Store>,
+    pub worker: Worker,
+    pub loaded: Arc<Loaded>,
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+impl AppState {
+    /// With `--token`, the request must carry it (compared in constant time).
+    pub fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(token) = &self.config.token else { return Ok(()) };
+        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        let Some(given) = given else { return Err(ApiError::Unauthorized) };
+        let same = given.len() == token.len() && given.bytes().zip(token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+        if same { Ok(()) } else { Err(ApiError::Unauthorized) }
+    }
+
+    /// The snapshot of a link, or 404 (the same for a malformed id as for an unknown one).
+    pub async fn row(&self, id: &str) -> Result<SnapshotRow, ApiError> {
+        if !valid_id(id) {
+            return Err(ApiError::NotFound("snapshot"));
+        }
+        self.store.meta.get(id).await?.ok_or(ApiError::NotFound("snapshot"))
+    }
+
+    /// The snapshot, if its analysis is done.
+    pub async fn ready(&self, id: &str) -> Result<SnapshotRow, ApiError> {
+        let row = self.row(id).await?;
+        match row.status {
+            Status::Ready => Ok(row),
+            Status::Failed => Err(ApiError::Failed(row.error.unwrap_or_default())),
+            s => Err(ApiError::NotReady(format!("the analysis is {}", s.as_str()))),
+        }
+    }
+}
+
+/// The whole application, for tests in process and for `serve`.
+pub fn router(state: AppState) -> Router {
+    let headers = [
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+        ),
+    ];
+    let mut app = api::routes().fallback(not_found).with_state(state);
+    for (name, value) in headers {
+        app = app.layer(SetResponseHeaderLayer::if_not_present(name, HeaderValue::from_static(value)));
+    }
+    app.layer(CompressionLayer::new()).layer(TraceLayer::new_for_http())
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("route")
+}
+
+/// Opens the store, restarts unfinished analyses, and serves until Ctrl-C or SIGTERM; then
+/// waits at most 10 s for open connections.
+pub async fn serve(config: Config) -> Result<(), Box<dyn std::error::Error>> {
+    let store = Arc::new(Store::open(&config.data_dir).await?);
+    store.clean_after_crash().await?;
+    let loaded = Arc::new(Loaded::new(config.loaded_snapshots));
+    let worker = Worker::start(store.clone(), loaded.clone(), config.analysis_workers);
+    for id in store.meta.unfinished().await? {
+        tracing::info!(id, "analysis interrupted by a stop: running it again");
+        worker.enqueue(&id);
+    }
+    if let Some(days) = config.retain_days {
+        tokio::spawn(retention(store.clone(), loaded.clone(), days));
+    }
+    let listener = tokio::net::TcpListener::bind(config.addr).await?;
+    let addr = listener.local_addr()?;
+    let state = AppState(Arc::new(Inner { config, store: store.clone(), worker, loaded }));
+    // Tests and scripts read this line to find the port.
+    println!("fragscope listening on http://{addr}");
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopping = stop.clone();
+    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        tracing::info!("stopping: finishing open requests");
+        stopping.notify_one();
+    });
+    tokio::select! {
+        r = server => r?,
+        _ = async { stop.notified().await; tokio::time::sleep(Duration::from_secs(10)).await } => {
+            tracing::warn!("connections still open after 10 s: closing them");
+        }
+    }
+    store.meta.close().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// Deletes snapshots older than `days`, hourly.
+async fn retention(store: Arc<Store>, loaded: Arc<Loaded>, days: u64) {
+    let mut tick = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        tick.tick().await;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let cutoff = now.saturating_sub(days * 86400) as i64;
+        match store.meta.created_before(cutoff).await {
+            Ok(ids) => {
+                for id in ids {
+                    if store.delete(&id).await.is_ok() {
+                        loaded.remove(&id);
+                        tracing::info!(id, "deleted: older than the retention period");
+                    }
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "retention check failed"),
+        }
+    }
+}
+

@@ -1,0 +1,112 @@
+//! Receiving an upload: streamed to a temp file while hashed and counted, never held whole in
+//! memory, and cut off with 413 the moment it passes the cap (the temp file is removed).
+//! Accepts a raw body (`curl --data-binary @f`, `requests.post(url, data=f)`) or a multipart
+//! form with a file field (`curl -F file=@f`, the browser's form).
+
+use std::path::PathBuf;
+
+use axum::extract::{FromRequest, Multipart, Request};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+
+use super::error::ApiError;
+
+pub struct Received {
+    pub temp: PathBuf,
+    pub sha256: String,
+    pub bytes: u64,
+    /// The first bytes, to sniff the format without reading the file again.
+    pub head: Vec<u8>,
+    /// From a multipart form: the file's name and the `name` and `note` fields.
+    pub filename: Option<String>,
+    pub name: Option<String>,
+    pub note: Option<String>,
+}
+
+/// Writes chunks to the temp file, hashing, counting and capping.
+struct Spool {
+    file: tokio::fs::File,
+    path: PathBuf,
+    hasher: Sha256,
+    bytes: u64,
+    head: Vec<u8>,
+    max: u64,
+}
+
+impl Spool {
+    async fn new(path: PathBuf, max: u64) -> Result<Spool, ApiError> {
+        let file = tokio::fs::File::create(&path).await.map_err(|e| ApiError::Internal(format!("temp file: {e}")))?;
+        Ok(Spool { file, path, hasher: Sha256::new(), bytes: 0, head: Vec::new(), max })
+    }
+
+    async fn write(&mut self, chunk: &[u8]) -> Result<(), ApiError> {
+        self.bytes += chunk.len() as u64;
+        if self.bytes > self.max {
+            return Err(ApiError::TooLarge(format!("the upload is larger than the server's limit of {} bytes", self.max)));
+        }
+        if self.head.len() < 64 {
+            self.head.extend_from_slice(&chunk[..chunk.len().min(64 - self.head.len())]);
+        }
+        self.hasher.update(chunk);
+        self.file.write_all(chunk).await.map_err(|e| ApiError::Internal(format!("temp file: {e}")))
+    }
+
+    async fn finish(mut self, filename: Option<String>, name: Option<String>, note: Option<String>) -> Result<Received, ApiError> {
+        self.file.flush().await.map_err(|e| ApiError::Internal(format!("temp file: {e}")))?;
+        if self.bytes == 0 {
+            return Err(ApiError::BadRequest("the upload is empty".into()));
+        }
+        let sha256 = self.hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        Ok(Received { temp: self.path.clone(), sha256, bytes: self.bytes, head: std::mem::take(&mut self.head), filename, name, note })
+    }
+}
+
+/// Receives the upload into `temp`; on any error the temp file is removed.
+pub async fn receive(request: Request, temp: PathBuf, max: u64) -> Result<Received, ApiError> {
+    let result = receive_inner(request, temp.clone(), max).await;
+    if result.is_err() {
+        let _ = tokio::fs::remove_file(&temp).await;
+    }
+    result
+}
+
+async fn receive_inner(request: Request, temp: PathBuf, max: u64) -> Result<Received, ApiError> {
+    let is_form = request
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("multipart/form-data"));
+    let mut spool = Spool::new(temp, max).await?;
+    if !is_form {
+        let mut body = request.into_body().into_data_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk: Bytes = chunk.map_err(|e| ApiError::BadRequest(format!("the upload was cut off: {e}")))?;
+            spool.write(&chunk).await?;
+        }
+        return spool.finish(None, None, None).await;
+    }
+    let mut form = Multipart::from_request(request, &()).await.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let (mut filename, mut name, mut note, mut got_file) = (None, None, None, false);
+    while let Some(mut field) = form.next_field().await.map_err(|e| ApiError::BadRequest(e.body_text()))? {
+        let field_name = field.name().unwrap_or("").to_string();
+        if field.file_name().is_some() || field_name == "file" {
+            if got_file {
+                return Err(ApiError::BadRequest("one snapshot per upload: the form has several files".into()));
+            }
+            got_file = true;
+            filename = field.file_name().map(|s| s.to_string());
+            while let Some(chunk) = field.chunk().await.map_err(|e| ApiError::BadRequest(e.body_text()))? {
+                spool.write(&chunk).await?;
+            }
+        } else if field_name == "name" || field_name == "note" {
+            let text = field.text().await.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+            if field_name == "name" { name = Some(text) } else { note = Some(text) }
+        }
+    }
+    if !got_file {
+        return Err(ApiError::BadRequest("the form has no file field".into()));
+    }
+    spool.finish(filename, name, note).await
+}

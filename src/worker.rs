@@ -1,0 +1,121 @@
+//! The analysis queue: uploads are analysed in the background, a few at a time (parsing is
+//! CPU- and memory-heavy), and each reports its progress in bytes read.
+//!
+//! A job reads the blob, analyses it fully, and writes the results through the store; the
+//! parsed snapshot then stays in the loaded cache so the first queries need no parse. A
+//! failure is recorded with the reader's one-line message (which names the byte offset).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+
+use crate::analysis::{self, Depth, map};
+use crate::ingest;
+use crate::loaded::{Entry, Loaded};
+use crate::store::{Status, Store, map_name};
+
+#[derive(Clone)]
+pub struct Worker {
+    queue: mpsc::UnboundedSender<String>,
+    progress: Arc<Mutex<HashMap<String, Arc<AtomicU64>>>>,
+    /// One permit per analysis (or upload check) allowed to run at once.
+    pub slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl Worker {
+    /// Starts `workers` analysis tasks.
+    pub fn start(store: Arc<Store>, loaded: Arc<Loaded>, workers: usize) -> Worker {
+        let (queue, rx) = mpsc::unbounded_channel::<String>();
+        let rx = Arc::new(tokio::sync::Mutex::new(rx));
+        let slots = Arc::new(tokio::sync::Semaphore::new(workers.max(1)));
+        let worker = Worker { queue, progress: Arc::new(Mutex::new(HashMap::new())), slots };
+        for _ in 0..workers.max(1) {
+            let (rx, store, loaded, w) = (rx.clone(), store.clone(), loaded.clone(), worker.clone());
+            tokio::spawn(async move {
+                loop {
+                    let Some(id) = rx.lock().await.recv().await else { break };
+                    let Ok(_slot) = w.slots.clone().acquire_owned().await else { break };
+                    w.run(store.clone(), &loaded, &id).await;
+                }
+            });
+        }
+        worker
+    }
+
+    pub fn enqueue(&self, id: &str) {
+        let _ = self.queue.send(id.to_string());
+    }
+
+    /// Bytes of the upload read so far, while it is being analysed.
+    pub fn progress(&self, id: &str) -> Option<u64> {
+        let p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        p.get(id).map(|c| c.load(Ordering::Relaxed))
+    }
+
+    async fn run(&self, store: Arc<Store>, loaded: &Loaded, id: &str) {
+        let row = match store.meta.get(id).await {
+            Ok(Some(row)) if matches!(row.status, Status::Queued | Status::Analyzing) => row,
+            _ => return,
+        };
+        if let Err(e) = store.meta.set_status(id, Status::Analyzing, None, None).await {
+            tracing::error!(id, error = %e, "cannot mark analyzing");
+            return;
+        }
+        let counter = Arc::new(AtomicU64::new(0));
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), counter.clone());
+        let started = std::time::Instant::now();
+        let outcome = analyze(store.clone(), row.sha256.clone(), id.to_string(), counter).await;
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        let update = match outcome {
+            Ok((verdict, entry)) => {
+                tracing::info!(id, bytes = row.bytes, seconds = started.elapsed().as_secs_f64(), verdict, "analysed");
+                loaded.put(id, Arc::new(entry));
+                store.meta.set_status(id, Status::Ready, None, Some(&verdict)).await
+            }
+            Err(message) => {
+                tracing::info!(id, error = %message, "analysis failed");
+                store.meta.set_status(id, Status::Failed, Some(&message), None).await
+            }
+        };
+        if let Err(e) = update {
+            tracing::error!(id, error = %e, "cannot record the analysis");
+        }
+        // Deleted while it ran: drop what it wrote.
+        if matches!(store.meta.get(id).await, Ok(None)) {
+            let _ = store.results.delete(id);
+            loaded.remove(id);
+        }
+    }
+}
+
+/// Parses and analyses a blob and writes the results; returns the verdict and the parsed
+/// snapshot, or the message to show.
+async fn analyze(store: Arc<Store>, sha256: String, id: String, counter: Arc<AtomicU64>) -> Result<(String, Entry), String> {
+    let file = store.blobs.open(&sha256).map_err(|e| format!("the upload is missing: {e}"))?;
+    tokio::task::spawn_blocking(move || {
+        let options = ingest::Options { progress: Some(counter), ..ingest::Options::default() };
+        let ingested = ingest::ingest(file, &options).map_err(|e| e.to_string())?;
+        let snap = ingested.snapshot;
+        let analyzed = analysis::analyze(&snap, ingested.source, Depth::Serve);
+        let mut files = vec![("analysis.json".to_string(), serde_json::to_vec(&analyzed.analysis).map_err(|e| e.to_string())?)];
+        // The maps a page opens first: the end of each device, and each OOM.
+        for (i, d) in snap.devices.iter().enumerate() {
+            let end = map::segment_map(&snap, d.device, None, &crate::replay::final_state(d));
+            files.push((map_name(d.device, None), serde_json::to_vec(&end).map_err(|e| e.to_string())?));
+            for oom in &analyzed.analysis.devices[i].ooms {
+                let state = analyzed.replays[i].state_at(&snap, Some(oom.event_index as usize));
+                let m = map::segment_map(&snap, d.device, Some(oom.event_index), &state);
+                files.push((map_name(d.device, Some(oom.event_index)), serde_json::to_vec(&m).map_err(|e| e.to_string())?));
+            }
+        }
+        let verdict = analyzed.analysis.devices.first().map(|d| d.diagnosis.verdict).unwrap_or("no_oom").to_string();
+        let timelines: Vec<(i64, &crate::analysis::timeline::Timeline)> =
+            snap.devices.iter().map(|d| d.device).zip(&analyzed.timelines).collect();
+        store.results.write(&id, &files, &timelines).map_err(|e| format!("cannot write the results: {e}"))?;
+        Ok::<_, String>((verdict, Entry { snapshot: snap, replays: analyzed.replays }))
+    })
+    .await
+    .map_err(|e| format!("the analysis crashed: {e}"))?
+}

@@ -1,0 +1,287 @@
+//! The real server over HTTP on loopback, with a temp data dir: uploads in every form,
+//! progress, dedupe, a 250 MiB upload in bounded memory, restarts, bad input, tokens, delete.
+
+use std::io::Read;
+
+use reqwest::blocking::{Body, multipart};
+use serde_json::Value;
+
+use crate::util::*;
+
+#[test]
+fn every_upload_form_works_and_the_same_bytes_give_the_same_snapshot() {
+    let server = TestServer::start(&[]);
+    let client = TestServer::client();
+    // curl --data-binary @f
+    let raw = server.upload(&snapshot_path("seed_frag_default"));
+    assert_eq!(raw["duplicate"], false);
+    // curl -F file=@f (with a name and a note)
+    let form = multipart::Form::new()
+        .file("file", snapshot_path("capacity_oom"))
+        .unwrap()
+        .text("name", "capacity run")
+        .text("note", "bs=64");
+    let r = client.post(server.url("/api/v1/snapshots")).multipart(form).send().unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let formed: Value = r.json().unwrap();
+    // requests.post(url, data=f): a streamed body of unknown length (chunked)
+    let file = std::fs::File::open(snapshot_path("two_devices")).unwrap();
+    let r = client.post(server.url("/api/v1/snapshots?name=two")).body(Body::new(file)).send().unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let streamed: Value = r.json().unwrap();
+    // The same bytes again: the existing snapshot, not parsed again.
+    let again = server.upload(&snapshot_path("seed_frag_default"));
+    assert_eq!(again["id"], raw["id"]);
+    assert_eq!(again["duplicate"], true);
+    for (created, name) in [(&raw, "snapshot"), (&formed, "capacity run"), (&streamed, "two")] {
+        let id = created["id"].as_str().unwrap();
+        assert_eq!(id.len(), 32);
+        assert_eq!(created["page_url"], format!("/s/{id}"));
+        let status = server.wait_done(id);
+        assert_eq!(status["status"], "ready", "{status}");
+        assert_eq!(status["name"], name);
+        assert_eq!(status["progress"], 1.0);
+    }
+    assert_eq!(server.get_json(&format!("/api/v1/snapshots/{}", formed["id"].as_str().unwrap()))["note"], "bs=64");
+    let list = server.get_json("/api/v1/snapshots");
+    assert_eq!(list.as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn big_uploads_answer_at_once_and_report_progress() {
+    let server = TestServer::start(&["--analysis-workers", "1"]);
+    // ~58 MB: over the size checked before answering, so it is analysed in the background.
+    let bytes = synthetic_snapshot(600_000);
+    assert!(bytes.len() as u64 > 32 << 20);
+    let r = TestServer::client().post(server.url("/api/v1/snapshots")).body(bytes).send().unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let id = r.json::<Value>().unwrap()["id"].as_str().unwrap().to_string();
+    let mut seen = Vec::new();
+    loop {
+        let s = server.get_json(&format!("/api/v1/snapshots/{id}"));
+        let p = s["progress"].as_f64().unwrap();
+        seen.push((s["status"].as_str().unwrap().to_string(), p));
+        if s["status"] == "ready" {
+            break;
+        }
+        assert_ne!(s["status"], "failed", "{s}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(seen.iter().all(|(_, p)| (0.0..=1.0).contains(p)), "{seen:?}");
+    assert!(seen.iter().any(|(s, p)| s == "analyzing" && *p > 0.0 && *p < 1.0), "progress never seen between 0 and 1: {seen:?}");
+    let a = server.get_json(&format!("/api/v1/snapshots/{id}/analysis"));
+    assert_eq!(a["devices"][0]["trace"]["events"], 1 + 3 * 600_000);
+}
+
+/// A body of `len` bytes made on the fly: a pickle header, then NONE/POP pairs.
+struct Synthetic {
+    left: u64,
+    first: bool,
+}
+
+impl Read for Synthetic {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = (buf.len() as u64).min(self.left) as usize & !1;
+        if n == 0 {
+            return Ok(0);
+        }
+        for pair in buf[..n].chunks_mut(2) {
+            pair.copy_from_slice(b"N0");
+        }
+        if self.first {
+            buf[..2].copy_from_slice(b"\x80\x04");
+            self.first = false;
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+#[test]
+fn a_250_mib_upload_is_streamed_in_bounded_memory() {
+    let server = TestServer::start(&[]);
+    let len = 250u64 << 20;
+    let body = Body::sized(Synthetic { left: len, first: true }, len);
+    let r = TestServer::client().post(server.url("/api/v1/snapshots")).body(body).send().unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let id = r.json::<Value>().unwrap()["id"].as_str().unwrap().to_string();
+    let status = server.wait_done(&id);
+    assert_eq!(status["bytes"], len);
+    // It is no snapshot (no STOP): it fails, with the reader's offset.
+    assert_eq!(status["status"], "failed");
+    assert!(status["error"].as_str().unwrap().contains("byte"), "{status}");
+    let peak = server.peak_rss_kib();
+    eprintln!("peak RSS of the server for a 250 MiB upload: {peak} KiB");
+    assert!(peak < 120 * 1024, "server peak RSS {peak} KiB for a 250 MiB upload");
+}
+
+#[test]
+fn uploads_over_the_limit_get_413_and_nothing_is_kept() {
+    let server = TestServer::start(&["--max-upload", "100KB"]);
+    let r = TestServer::client()
+        .post(server.url("/api/v1/snapshots"))
+        .body(std::fs::read(snapshot_path("ddp_rank0")).unwrap())
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let e: Value = r.json().unwrap();
+    assert_eq!(e["error"], "too_large");
+    assert!(std::fs::read_dir(server.data.join("tmp")).unwrap().next().is_none(), "temp file left");
+    assert!(server.get_json("/api/v1/snapshots").as_array().unwrap().is_empty());
+}
+
+#[test]
+fn a_restart_serves_every_link_without_parsing_again() {
+    let mut server = TestServer::start(&[]);
+    let mut ids = Vec::new();
+    for name in ["seed_frag_default", "two_devices"] {
+        let id = server.upload(&snapshot_path(name))["id"].as_str().unwrap().to_string();
+        assert_eq!(server.wait_done(&id)["status"], "ready");
+        ids.push(id);
+    }
+    let before: Vec<Value> = ids.iter().map(|id| server.get_json(&format!("/api/v1/snapshots/{id}/analysis"))).collect();
+    server.kill();
+    let data = server.data.clone();
+    let again = TestServer::start_in(&data, &[]);
+    for (id, want) in ids.iter().zip(&before) {
+        assert_eq!(&again.get_json(&format!("/api/v1/snapshots/{id}/analysis")), want);
+        assert_eq!(again.get_json(&format!("/api/v1/snapshots/{id}"))["status"], "ready");
+        let t = again.get_json(&format!("/api/v1/snapshots/{id}/devices/0/timeline?points=10"));
+        assert!(t["event"].as_array().unwrap().len() > 1);
+        let m = again.get_json(&format!("/api/v1/snapshots/{id}/devices/0/state"));
+        assert!(!m["segments"].as_array().unwrap().is_empty());
+    }
+    // An event no result file holds: parsed again on demand, and it works.
+    let m = again.get_json(&format!("/api/v1/snapshots/{}/devices/0/state?event=3", ids[0]));
+    assert_eq!(m["event"], 3);
+}
+
+#[test]
+fn bad_input_gets_a_4xx_naming_the_problem_and_the_server_keeps_serving() {
+    let server = TestServer::start(&[]);
+    let cases = [
+        ("global_reduce.pickle", 400, "GLOBAL"),
+        ("stack_global.pickle", 400, "STACK_GLOBAL"),
+        ("huge_length.pickle", 413, "string length"),
+        ("deep_nesting.pickle", 413, "nesting depth"),
+        ("memo_missing.pickle", 400, "memo index 7"),
+        ("gzip_bomb.pickle.gz", 400, "bomb"),
+        ("json_wrong_types.json", 422, "segments[0].address"),
+        ("json_deep.json", 400, "recursion"),
+        ("empty.pickle", 400, "empty"),
+        ("random.bin", 415, "byte 0"),
+        ("not_a_snapshot.pickle", 422, "segments"),
+        ("truncated.pickle", 400, "byte"),
+    ];
+    for (file, status, words) in cases {
+        let r = TestServer::client().post(server.url("/api/v1/snapshots")).body(std::fs::read(hostile().join(file)).unwrap()).send().unwrap();
+        assert_eq!(r.status().as_u16(), status, "{file}");
+        let e: Value = r.json().unwrap();
+        assert!(e["error"].is_string() && e["detail"].as_str().unwrap().contains(words), "{file}: {e}");
+        assert_eq!(server.get("/api/v1/snapshots").status().as_u16(), 200, "server down after {file}");
+    }
+    assert!(server.get_json("/api/v1/snapshots").as_array().unwrap().is_empty(), "a refused upload was kept");
+    for (path, status) in [("/api/v1/snapshots/nothere", 404), ("/api/v1/nothing", 404), ("/api/v1/snapshots/0123456789abcdef0123456789abcdef/devices/x/state", 400)] {
+        let r = server.get(path);
+        assert_eq!(r.status().as_u16(), status, "{path}");
+        assert!(r.json::<Value>().unwrap()["detail"].is_string(), "{path}");
+    }
+}
+
+#[test]
+fn the_token_guards_uploads_lists_and_deletes_but_not_links() {
+    let server = TestServer::start(&["--token", "s3cret"]);
+    let c = TestServer::client();
+    let body = || std::fs::read(snapshot_path("seed_frag_default")).unwrap();
+    let r = c.post(server.url("/api/v1/snapshots")).body(body()).send().unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let r = c.post(server.url("/api/v1/snapshots")).bearer_auth("wrong").body(body()).send().unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let r = c.post(server.url("/api/v1/snapshots")).bearer_auth("s3cret").body(body()).send().unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let id = r.json::<Value>().unwrap()["id"].as_str().unwrap().to_string();
+    assert_eq!(server.wait_done(&id)["status"], "ready", "a link needs no token");
+    assert_eq!(server.get(&format!("/api/v1/snapshots/{id}/analysis")).status().as_u16(), 200);
+    assert_eq!(server.get("/api/v1/snapshots").status().as_u16(), 401);
+    assert_eq!(c.get(server.url("/api/v1/snapshots")).bearer_auth("s3cret").send().unwrap().status().as_u16(), 200);
+    let path = server.url(&format!("/api/v1/snapshots/{id}"));
+    assert_eq!(c.delete(&path).send().unwrap().status().as_u16(), 401);
+    assert_eq!(c.delete(&path).bearer_auth("s3cret").send().unwrap().status().as_u16(), 204);
+    assert_eq!(server.get(&format!("/api/v1/snapshots/{id}")).status().as_u16(), 404);
+}
+
+#[test]
+fn delete_removes_the_blob_the_results_and_the_link() {
+    let server = TestServer::start(&[]);
+    let created = server.upload(&snapshot_path("seed_frag_default"));
+    let id = created["id"].as_str().unwrap();
+    let sha = server.wait_done(id)["sha256"].as_str().unwrap().to_string();
+    let blob = server.data.join("blobs").join(&sha[..2]).join(&sha);
+    let results = server.data.join("results").join(id);
+    assert!(blob.exists() && results.exists());
+    let r = TestServer::client().delete(server.url(&format!("/api/v1/snapshots/{id}"))).send().unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    assert!(!blob.exists() && !results.exists());
+    for path in [format!("/api/v1/snapshots/{id}"), format!("/api/v1/snapshots/{id}/analysis"), format!("/api/v1/snapshots/{id}/blob")] {
+        assert_eq!(server.get(&path).status().as_u16(), 404, "{path}");
+    }
+}
+
+#[test]
+fn the_api_numbers_equal_the_cli_numbers() {
+    let server = TestServer::start(&[]);
+    for name in ["seed_frag_default", "two_devices", "ring_truncated", "train_gpt_default"] {
+        let path = snapshot_path(name);
+        let id = server.upload(&path)["id"].as_str().unwrap().to_string();
+        assert_eq!(server.wait_done(&id)["status"], "ready");
+        let api = server.get_json(&format!("/api/v1/snapshots/{id}/analysis"));
+        assert_eq!(api, analyze_json(&path), "{name}");
+        let blob = server.get(&format!("/api/v1/snapshots/{id}/blob"));
+        assert!(blob.headers()["content-disposition"].to_str().unwrap().starts_with("attachment"));
+        assert_eq!(blob.bytes().unwrap().as_ref(), std::fs::read(&path).unwrap().as_slice());
+    }
+}
+
+#[test]
+fn views_answer_with_hex_addresses_and_binary_timelines() {
+    let server = TestServer::start(&[]);
+    let id = server.upload(&snapshot_path("seed_frag_default"))["id"].as_str().unwrap().to_string();
+    server.wait_done(&id);
+    let base = format!("/api/v1/snapshots/{id}");
+    let events = server.get_json(&format!("{base}/devices/0/events?start=1&limit=2"));
+    assert_eq!(events["events"].as_array().unwrap().len(), 2);
+    assert_eq!(events["events"][0]["index"], 1);
+    assert!(events["events"][0]["address"].as_str().unwrap().starts_with("0x"));
+    let bin = TestServer::client().get(server.url(&format!("{base}/devices/0/timeline?points=4&format=bin"))).send().unwrap();
+    assert_eq!(bin.headers()["content-type"], "application/octet-stream");
+    let bytes = bin.bytes().unwrap();
+    let f: Vec<f64> = bytes.chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(f.len(), 3 + 4 * 12);
+    let json = server.get_json(&format!("{base}/devices/0/timeline?points=4"));
+    assert_eq!(f[0] as usize, json["event"].as_array().unwrap().len());
+    let reserved_max_json: Vec<f64> = json["series"]["reserved_bytes"]["max"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    // Layout: [n, start, end], events, times, then min and max of each series in order.
+    assert_eq!(&f[3 + 4 * 3..3 + 4 * 4], reserved_max_json.as_slice());
+    let pinners = server.get_json(&format!("{base}/devices/0/pinners?event=30"));
+    assert_eq!(pinners["event"], 30);
+    assert!(pinners["pinned"]["bytes"].as_u64().unwrap() > 0);
+    let stack = server.get_json(&format!("{base}/stacks/{}", events["events"][0]["stack"]));
+    assert!(stack["frames"].is_array());
+    let ooms = server.get_json(&format!("{base}/ooms"));
+    assert_eq!(ooms[0]["ooms"][0]["verdict"], "fragmentation");
+    let settings = server.get_json(&format!("{base}/settings"));
+    assert!(settings["allocator_settings"].is_object());
+}
+
+#[test]
+fn every_route_is_in_the_openapi_document() {
+    let server = TestServer::start(&[]);
+    let doc = server.get_json("/api/v1/openapi.json");
+    let paths: Vec<&String> = doc["paths"].as_object().unwrap().keys().collect();
+    for route in fragscope::web::api::PATHS {
+        assert!(paths.iter().any(|p| p == route), "{route} is not documented");
+    }
+    for p in paths {
+        assert!(fragscope::web::api::PATHS.contains(&p.as_str()), "{p} is documented but not routed");
+    }
+}
