@@ -2,6 +2,7 @@
 
 mod diagnosis;
 mod hostile;
+mod notebook;
 mod reader_props;
 mod replay;
 mod server;
