@@ -10,12 +10,14 @@
 //! - `advice`: the diagnosis and its remedies.
 //! - `sites`: which frame of a stack is the call site.
 //! - `map`: the segment map at one moment, as the API and the page show it.
+//! - `active`: live bytes by call site over events (the active-memory timeline).
 //!
 //! [`analyze`] replays each device once, with the observers that need the forward pass, and
 //! assembles the document that `fragscope analyze --json` prints and the API serves. Analysis
 //! never fails on a decoded model.
 
 mod actions;
+pub mod active;
 pub mod advice;
 mod counters;
 pub mod gaps;
@@ -165,8 +167,13 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
     }
     let end = replay::final_state(d);
     let pinned = gaps::pinned(&end, &snapshot.stacks);
-    // At an OOM, the pattern is judged where the job died; otherwise at the end.
-    let judged = pass.ooms.first_state.take().unwrap_or(end);
+    // At an OOM, the pattern is judged where the job died; otherwise at the end, as replayed
+    // (its segments know their creating event and stack; the snapshot's do not).
+    let judged = match pass.ooms.first_state.take() {
+        Some(s) => s,
+        None if replay.final_mismatches.is_empty() => replay.end.clone(),
+        None => end,
+    };
     let rhythm = rhythm::rhythm(&judged, &snapshot.stacks);
     let big = big_allocation(snapshot, events, &pass.ooms.ooms, &judged);
     let big_repeats = match &big {

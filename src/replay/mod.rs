@@ -69,6 +69,9 @@ pub struct Replay {
     pub warnings: Warnings,
     /// How the replayed end differs from the final `segments` (empty when it matches).
     pub final_mismatches: Vec<String>,
+    /// The state after the last event. Unlike the final `segments`, its segments know the
+    /// event and stack that created them.
+    pub end: State,
 }
 
 impl Replay {
@@ -106,6 +109,7 @@ impl Replay {
         }
         let final_mismatches = compare(&state, device);
         Replay {
+            end: state,
             device: device.device,
             rules,
             hints,

@@ -3,8 +3,10 @@
 //! nothing here parses bytes or computes a metric.
 
 pub mod api;
+mod assets;
 pub mod error;
 pub mod extract;
+mod pages;
 mod upload;
 
 use std::sync::Arc;
@@ -79,15 +81,27 @@ pub fn router(state: AppState) -> Router {
             "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
         ),
     ];
-    let mut app = api::routes().fallback(not_found).with_state(state);
+    let mut app = api::routes()
+        .route("/", axum::routing::get(pages::home))
+        .route("/s/{id}", axum::routing::get(pages::snapshot))
+        .route("/static/{*path}", axum::routing::get(assets::serve))
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .fallback(not_found)
+        .with_state(state);
     for (name, value) in headers {
         app = app.layer(SetResponseHeaderLayer::if_not_present(name, HeaderValue::from_static(value)));
     }
     app.layer(CompressionLayer::new()).layer(TraceLayer::new_for_http())
 }
 
-async fn not_found() -> ApiError {
-    ApiError::NotFound("route")
+/// Unknown paths: JSON under /api, a page elsewhere.
+async fn not_found(uri: axum::http::Uri) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if uri.path().starts_with("/api/") {
+        ApiError::NotFound("route").into_response()
+    } else {
+        pages::PageError(ApiError::NotFound("page")).into_response()
+    }
 }
 
 /// Opens the store, restarts unfinished analyses, and serves until Ctrl-C or SIGTERM; then

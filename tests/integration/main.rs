@@ -1,7 +1,9 @@
 //! One integration-test binary (faster to link than one per file). Each module is one family.
 
+mod browser;
 mod diagnosis;
 mod hostile;
+mod js;
 mod notebook;
 mod reader_props;
 mod replay;

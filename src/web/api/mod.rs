@@ -24,6 +24,7 @@ pub const PATHS: &[&str] = &[
     "/api/v1/snapshots/{id}/devices/{device}/state",
     "/api/v1/snapshots/{id}/devices/{device}/events",
     "/api/v1/snapshots/{id}/devices/{device}/pinners",
+    "/api/v1/snapshots/{id}/devices/{device}/active",
     "/api/v1/openapi.json",
 ];
 
@@ -44,6 +45,7 @@ pub fn routes() -> Router<AppState> {
         .route(&format!("{device}/state"), get(views::state))
         .route(&format!("{device}/events"), get(views::events))
         .route(&format!("{device}/pinners"), get(views::pinners))
+        .route(&format!("{device}/active"), get(views::active))
         .route("/api/v1/openapi.json", get(openapi))
 }
 

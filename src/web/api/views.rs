@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::analysis::{gaps, map, sites};
+use crate::analysis::{active, gaps, map, sites};
 use crate::loaded::Entry;
 use crate::store::{SnapshotRow, map_name};
 use crate::units::Addr;
@@ -228,4 +228,30 @@ pub async fn stack(State(app): State<AppState>, Path((id, stack)): Path<(String,
     }
     let s = &entry.snapshot.stacks;
     Ok(Json(json!({"stack": stack, "call_site": sites::call_site(s, stack), "frames": sites::frames(s, stack)})))
+}
+
+#[derive(Deserialize)]
+pub struct ActiveQuery {
+    start: Option<usize>,
+    end: Option<usize>,
+    points: Option<usize>,
+    top: Option<usize>,
+}
+
+/// Live bytes by call site over events `start..end`, in at most `points` buckets.
+pub async fn active(State(app): State<AppState>, Path((id, device)): Path<(String, i64)>, Query(q): Query<ActiveQuery>) -> Result<Json<active::ActiveBySite>, ApiError> {
+    let row = app.ready(&id).await?;
+    let entry = entry(&app, &row).await?;
+    tokio::task::spawn_blocking(move || {
+        let (i, d) = entry.device(device).ok_or(ApiError::NotFound("device"))?;
+        let n = entry.snapshot.device_events(d).len();
+        let (start, end) = (q.start.unwrap_or(0), q.end.unwrap_or(n).min(n));
+        if start > end {
+            return Err(ApiError::BadRequest(format!("start {start} is after end {end}")));
+        }
+        let (points, top) = (q.points.unwrap_or(500).clamp(1, 4000), q.top.unwrap_or(8).clamp(1, 32));
+        Ok(Json(active::active_by_site(&entry.snapshot, d, &entry.replays[i], start..end, points, top)))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?
 }

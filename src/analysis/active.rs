@@ -1,0 +1,111 @@
+//! Active memory by call site over events: what PyTorch's viewer calls the "Active Memory
+//! Timeline", aggregated here so three million events draw as a few hundred columns. Live
+//! (active) bytes are summed per call site at the end of each bucket; the `top` sites by
+//! peak are kept apart and the rest summed as `other`.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::sites::{CallSite, call_site};
+use crate::replay::{Replay, Rules, State};
+use crate::snapshot::{Action, BlockState, Device, Snapshot, StackId};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ActiveBySite {
+    pub start: u64,
+    pub end: u64,
+    /// The last event of each bucket: the values are the state right after it.
+    pub event: Vec<u64>,
+    pub sites: Vec<SiteSeries>,
+    pub other: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SiteSeries {
+    pub call_site: Option<CallSite>,
+    pub values: Vec<u64>,
+}
+
+pub fn active_by_site(snapshot: &Snapshot, device: &Device, replay: &Replay, range: std::ops::Range<usize>, points: usize, top: usize) -> ActiveBySite {
+    let events = snapshot.device_events(device);
+    let range = range.start.min(events.len())..range.end.min(events.len());
+    let rules = Rules::from_settings(snapshot.allocator_settings.as_ref());
+    let start_state: State = replay.state_at(snapshot, range.start.checked_sub(1));
+    let mut site_of_stack: HashMap<StackId, usize> = HashMap::new();
+    let mut sites: Vec<Option<CallSite>> = Vec::new();
+    let mut site = |stack: StackId, sites: &mut Vec<Option<CallSite>>| -> usize {
+        *site_of_stack.entry(stack).or_insert_with(|| {
+            let cs = call_site(&snapshot.stacks, stack);
+            match sites.iter().position(|s| *s == cs) {
+                Some(i) => i,
+                None => {
+                    sites.push(cs);
+                    sites.len() - 1
+                }
+            }
+        })
+    };
+    // Live blocks by address: a free's own stack is where it was freed, not allocated.
+    let mut live: HashMap<u64, (usize, u64)> = HashMap::new();
+    let mut totals: Vec<u64> = Vec::new();
+    for s in start_state.segment_ids() {
+        for b in start_state.block_ids(s) {
+            let blk = start_state.block(b);
+            if blk.state != BlockState::Inactive {
+                let i = site(blk.stack, &mut sites);
+                live.insert(blk.address, (i, blk.size));
+                add(&mut totals, i, blk.size as i64);
+            }
+        }
+    }
+    let n = range.len();
+    let points = points.clamp(1, n.max(1));
+    let mut columns: Vec<Vec<u64>> = Vec::with_capacity(points);
+    let mut bucket_events = Vec::with_capacity(points);
+    let mut next = 1;
+    for (k, i) in range.clone().enumerate() {
+        let e = &events[i];
+        match e.action {
+            Action::ALLOC => {
+                let s = site(e.stack, &mut sites);
+                let size = rules.round_size(e.size);
+                if let Some((old, old_size)) = live.insert(e.addr, (s, size)) {
+                    add(&mut totals, old, -(old_size as i64));
+                }
+                add(&mut totals, s, size as i64);
+            }
+            Action::FREE_COMPLETED => {
+                if let Some((s, size)) = live.remove(&e.addr) {
+                    add(&mut totals, s, -(size as i64));
+                }
+            }
+            _ => {}
+        }
+        if k + 1 >= next * n / points || k + 1 == n {
+            columns.push(totals.clone());
+            bucket_events.push(i as u64);
+            next += 1;
+        }
+    }
+    // The top sites by peak; everything else is `other`.
+    let mut peaks: Vec<(usize, u64)> = (0..sites.len()).map(|s| (s, columns.iter().map(|c| c.get(s).copied().unwrap_or(0)).max().unwrap_or(0))).collect();
+    peaks.sort_by(|a, b| b.1.cmp(&a.1));
+    let kept: Vec<usize> = peaks.iter().filter(|p| p.1 > 0).take(top).map(|p| p.0).collect();
+    let series = kept
+        .iter()
+        .map(|&s| SiteSeries { call_site: sites[s].clone(), values: columns.iter().map(|c| c.get(s).copied().unwrap_or(0)).collect() })
+        .collect();
+    let other = columns
+        .iter()
+        .map(|c| c.iter().enumerate().filter(|(s, _)| !kept.contains(s)).map(|(_, v)| v).sum())
+        .collect();
+    ActiveBySite { start: range.start as u64, end: range.end as u64, event: bucket_events, sites: series, other }
+}
+
+fn add(totals: &mut Vec<u64>, site: usize, by: i64) {
+    if totals.len() <= site {
+        totals.resize(site + 1, 0);
+    }
+    totals[site] = (totals[site] as i64 + by).max(0) as u64;
+}

@@ -1,0 +1,56 @@
+//! Static files (JS, CSS), built into the binary so it runs from any directory and the page
+//! works with no internet. Served with an ETag from their content and answered 304 when the
+//! browser has them.
+
+use std::sync::OnceLock;
+
+use axum::extract::Path;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+
+macro_rules! assets {
+    ($($path:literal => $ty:literal),* $(,)?) => {
+        &[$(($path, $ty, include_bytes!(concat!("../../static/", $path)) as &[u8])),*]
+    };
+}
+
+/// (path under /static/, content type, bytes)
+pub const ASSETS: &[(&str, &str, &[u8])] = assets! {
+    "css/app.css" => "text/css; charset=utf-8",
+    "js/home.js" => "text/javascript; charset=utf-8",
+    "js/snapshot.js" => "text/javascript; charset=utf-8",
+    "js/data/columns.js" => "text/javascript; charset=utf-8",
+    "js/data/format.js" => "text/javascript; charset=utf-8",
+    "js/data/fragment.js" => "text/javascript; charset=utf-8",
+    "js/data/layout.js" => "text/javascript; charset=utf-8",
+    "js/data/colors.js" => "text/javascript; charset=utf-8",
+    "js/draw/segmap.js" => "text/javascript; charset=utf-8",
+    "js/draw/timeline.js" => "text/javascript; charset=utf-8",
+    "js/draw/active.js" => "text/javascript; charset=utf-8",
+    "openapi.json" => "application/json",
+};
+
+fn etags() -> &'static Vec<String> {
+    static TAGS: OnceLock<Vec<String>> = OnceLock::new();
+    TAGS.get_or_init(|| {
+        ASSETS.iter().map(|(_, _, bytes)| format!("\"{}\"", Sha256::digest(bytes).iter().take(8).map(|b| format!("{b:02x}")).collect::<String>())).collect()
+    })
+}
+
+pub async fn serve(Path(path): Path<String>, headers: HeaderMap) -> Response {
+    let Some(i) = ASSETS.iter().position(|(p, _, _)| *p == path) else {
+        return (StatusCode::NOT_FOUND, "no such file").into_response();
+    };
+    let (_, content_type, bytes) = ASSETS[i];
+    let etag = &etags()[i];
+    if headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) == Some(etag.as_str()) {
+        return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag.clone())]).into_response();
+    }
+    let mut r = ([(header::CONTENT_TYPE, content_type)], bytes).into_response();
+    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=600, must-revalidate"));
+    if let Ok(v) = HeaderValue::from_str(etag) {
+        r.headers_mut().insert(header::ETAG, v);
+    }
+    r
+}

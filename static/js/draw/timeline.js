@@ -1,0 +1,166 @@
+// The memory timeline on a canvas: reserved, allocated, active and pinned bytes over events
+// (min-max bands from the server's buckets), OOM markers, segment creations, and a cursor that
+// is dragged or stepped with the arrow keys. Shift-drag selects a range to zoom into.
+
+import { bucketOf, peak, growth } from "../data/columns.js";
+import { bytes } from "../data/format.js";
+
+const PAD = { l: 64, r: 10, t: 14, b: 20 };
+const COLORS = { reserved_bytes: "#d5deea", allocated_bytes: "#2f6fc4", active_bytes: "#1d232a", pinned_free_bytes: "#d9534f" };
+
+export class Timeline {
+  constructor(canvas, { onCursor, onRange }) {
+    this.canvas = canvas;
+    this.onCursor = onCursor;
+    this.onRange = onRange;
+    this.tl = null;
+    this.ooms = [];
+    this.cursor = 0;
+    this.brush = null;
+    this.bind();
+  }
+
+  setData(tl, ooms) {
+    this.tl = tl;
+    this.ooms = ooms;
+    this.draw();
+  }
+
+  setCursor(event) {
+    this.cursor = event;
+    this.draw();
+  }
+
+  xOf(event) {
+    const w = this.canvas.clientWidth - PAD.l - PAD.r;
+    const span = Math.max(1, this.tl.end - this.tl.start);
+    return PAD.l + ((event - this.tl.start) / span) * w;
+  }
+
+  eventAt(x) {
+    const w = this.canvas.clientWidth - PAD.l - PAD.r;
+    const f = Math.min(1, Math.max(0, (x - PAD.l) / w));
+    return Math.min(this.tl.end - 1, Math.max(this.tl.start, Math.round(this.tl.start + f * (this.tl.end - this.tl.start))));
+  }
+
+  draw() {
+    const c = this.canvas;
+    const dpr = window.devicePixelRatio || 1;
+    const w = c.clientWidth;
+    const h = c.clientHeight;
+    if (c.width !== Math.round(w * dpr) || c.height !== Math.round(h * dpr)) {
+      c.width = Math.round(w * dpr);
+      c.height = Math.round(h * dpr);
+    }
+    const ctx = c.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, w, h);
+    const tl = this.tl;
+    if (!tl || tl.n === 0) return;
+    const top = peak(tl, ["reserved_bytes"]) * 1.05 || 1;
+    const y = (v) => h - PAD.b - (v / top) * (h - PAD.t - PAD.b);
+    const step = (w - PAD.l - PAD.r) / tl.n;
+    // Reserved as the backdrop; allocated from zero; pinned free memory stacked on allocated
+    // (reserved = allocated + pinned + the rest); active as a line.
+    for (let i = 0; i < tl.n; i++) {
+      const x = PAD.l + i * step;
+      const wd = Math.max(step, 1);
+      const alloc = tl.max.allocated_bytes[i];
+      ctx.fillStyle = COLORS.reserved_bytes;
+      ctx.fillRect(x, y(tl.max.reserved_bytes[i]), wd, y(0) - y(tl.max.reserved_bytes[i]));
+      ctx.fillStyle = COLORS.allocated_bytes;
+      ctx.fillRect(x, y(alloc), wd, y(tl.min.allocated_bytes[i]) - y(alloc) + (y(0) - y(tl.min.allocated_bytes[i])));
+      ctx.fillStyle = COLORS.pinned_free_bytes;
+      ctx.fillRect(x, y(alloc + tl.max.pinned_free_bytes[i]), wd, y(alloc) - y(alloc + tl.max.pinned_free_bytes[i]));
+      ctx.fillStyle = COLORS.active_bytes;
+      ctx.fillRect(x, y(tl.max.active_bytes[i]) - 1, wd, 2);
+    }
+    ctx.fillStyle = "#556";
+    for (const i of growth(tl)) ctx.fillRect(PAD.l + i * step, PAD.t - 8, 1, 5);
+    ctx.strokeStyle = "#b3261e";
+    ctx.fillStyle = "#b3261e";
+    ctx.font = "11px system-ui, sans-serif";
+    for (const o of this.ooms) {
+      if (o.event_index < tl.start || o.event_index >= tl.end) continue;
+      const x = this.xOf(o.event_index);
+      ctx.beginPath();
+      ctx.moveTo(x, PAD.t);
+      ctx.lineTo(x, h - PAD.b);
+      ctx.stroke();
+      ctx.fillText("OOM", Math.min(x + 3, w - 30), PAD.t + 10);
+    }
+    ctx.fillStyle = "#334";
+    ctx.fillText(bytes(top / 1.05), 4, PAD.t + 4);
+    ctx.fillText("0", 4, h - PAD.b);
+    ctx.fillText(`event ${tl.start}`, PAD.l, h - 5);
+    const endLabel = `event ${tl.end - 1}`;
+    ctx.fillText(endLabel, w - PAD.r - ctx.measureText(endLabel).width, h - 5);
+    if (this.cursor >= tl.start && this.cursor < tl.end) {
+      const x = this.xOf(this.cursor);
+      ctx.strokeStyle = "#000";
+      ctx.lineWidth = 1.5;
+      ctx.beginPath();
+      ctx.moveTo(x, PAD.t - 4);
+      ctx.lineTo(x, h - PAD.b);
+      ctx.stroke();
+      const b = bucketOf(tl, this.cursor);
+      const label = `${this.cursor}: reserved ${bytes(tl.max.reserved_bytes[b])}, allocated ${bytes(tl.max.allocated_bytes[b])}`;
+      ctx.fillStyle = "#000";
+      ctx.fillText(label, Math.min(x + 4, w - ctx.measureText(label).width - 4), PAD.t + 22);
+    }
+    if (this.brush) {
+      ctx.fillStyle = "rgba(26, 95, 180, .15)";
+      ctx.fillRect(Math.min(this.brush.a, this.brush.b), PAD.t, Math.abs(this.brush.b - this.brush.a), h - PAD.t - PAD.b);
+    }
+  }
+
+  bind() {
+    const c = this.canvas;
+    let down = false;
+    let pending = null;
+    const move = (x) => {
+      pending = this.eventAt(x);
+      requestAnimationFrame(() => {
+        if (pending === null) return;
+        this.onCursor(pending);
+        pending = null;
+      });
+    };
+    c.addEventListener("mousedown", (ev) => {
+      if (!this.tl) return;
+      c.focus();
+      down = true;
+      if (ev.shiftKey) this.brush = { a: ev.offsetX, b: ev.offsetX };
+      else move(ev.offsetX);
+    });
+    c.addEventListener("mousemove", (ev) => {
+      if (!down) return;
+      if (this.brush) {
+        this.brush.b = ev.offsetX;
+        this.draw();
+      } else move(ev.offsetX);
+    });
+    const up = () => {
+      if (down && this.brush) {
+        const [a, b] = [this.eventAt(Math.min(this.brush.a, this.brush.b)), this.eventAt(Math.max(this.brush.a, this.brush.b))];
+        this.brush = null;
+        if (b - a >= 2) this.onRange([a, b + 1]);
+        else this.draw();
+      }
+      down = false;
+    };
+    c.addEventListener("mouseup", up);
+    c.addEventListener("mouseleave", up);
+    c.addEventListener("dblclick", () => this.onRange(null));
+    c.addEventListener("keydown", (ev) => {
+      if (!this.tl) return;
+      const bucket = Math.max(1, Math.round((this.tl.end - this.tl.start) / this.tl.n));
+      const by = { ArrowLeft: -1, ArrowRight: 1, PageUp: -10 * bucket, PageDown: 10 * bucket }[ev.key];
+      if (by === undefined) return;
+      ev.preventDefault();
+      const step = ev.shiftKey ? by * bucket : by;
+      this.onCursor(Math.min(this.tl.end - 1, Math.max(this.tl.start, this.cursor + step)));
+    });
+    new ResizeObserver(() => this.draw()).observe(c);
+  }
+}

@@ -1,0 +1,97 @@
+// The home page: drag-and-drop or pick snapshots; each is uploaded with a progress bar, then
+// its analysis is followed to the end; one file lands on its page, several get links.
+
+import { bytes } from "./data/format.js";
+
+const drop = document.getElementById("drop");
+const input = document.getElementById("files");
+const list = document.getElementById("uploads");
+const token = document.getElementById("token");
+
+drop.addEventListener("dragover", (ev) => {
+  ev.preventDefault();
+  drop.classList.add("over");
+});
+drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+drop.addEventListener("drop", (ev) => {
+  ev.preventDefault();
+  drop.classList.remove("over");
+  start([...ev.dataTransfer.files]);
+});
+input.addEventListener("change", () => start([...input.files]));
+
+function start(files) {
+  const jobs = files.map((f) => upload(f));
+  Promise.all(jobs).then((pages) => {
+    const done = pages.filter(Boolean);
+    if (files.length === 1 && done.length === 1) location.href = done[0];
+  });
+}
+
+/** Uploads one file (XHR: fetch cannot report upload progress); resolves to its page or null. */
+function upload(file) {
+  const li = document.createElement("li");
+  const title = document.createElement("div");
+  title.textContent = `${file.name} (${bytes(file.size)})`;
+  const bar = document.createElement("progress");
+  bar.max = 1;
+  bar.value = 0;
+  const status = document.createElement("div");
+  status.className = "hint";
+  status.textContent = "Uploading…";
+  li.append(title, bar, status);
+  list.append(li);
+  return new Promise((resolve) => {
+    const xhr = new XMLHttpRequest();
+    xhr.open("POST", `/api/v1/snapshots?name=${encodeURIComponent(file.name)}`);
+    if (token && token.value) xhr.setRequestHeader("Authorization", `Bearer ${token.value}`);
+    xhr.upload.addEventListener("progress", (ev) => {
+      if (ev.lengthComputable) bar.value = ev.loaded / ev.total;
+    });
+    xhr.addEventListener("load", async () => {
+      let body = null;
+      try {
+        body = JSON.parse(xhr.responseText);
+      } catch {
+        body = { detail: xhr.responseText };
+      }
+      if (xhr.status !== 202) {
+        status.className = "error";
+        status.textContent = `Refused (${xhr.status}): ${body.detail || "unknown error"}`;
+        bar.hidden = true;
+        return resolve(null);
+      }
+      resolve(await follow(body, bar, status));
+    });
+    xhr.addEventListener("error", () => {
+      status.className = "error";
+      status.textContent = "The upload failed: the server could not be reached.";
+      resolve(null);
+    });
+    xhr.send(file);
+  });
+}
+
+/** Follows an analysis; the progress bar now shows the share of the file parsed. */
+async function follow(created, bar, status) {
+  bar.value = 0;
+  for (;;) {
+    const s = await (await fetch(created.status_url)).json();
+    bar.value = s.progress;
+    status.textContent = `Analysis ${s.status}${s.status === "analyzing" ? `: ${Math.round(s.progress * 100)}%` : ""}`;
+    if (s.status === "ready" || s.status === "failed") {
+      const a = document.createElement("a");
+      a.href = created.page_url;
+      a.textContent = s.status === "ready" ? "Open the diagnosis" : "See why it failed";
+      status.replaceChildren(a);
+      if (s.status === "failed") {
+        const why = document.createElement("div");
+        why.className = "error";
+        why.textContent = s.error;
+        status.append(why);
+      }
+      return s.status === "ready" ? created.page_url : null;
+    }
+    await new Promise((res) => setTimeout(res, 300));
+  }
+}

@@ -1,0 +1,210 @@
+// The snapshot page: fetches from the API, keeps the view's state in the URL fragment, and
+// hands data to the drawings. Data code lives in data/, canvas code in draw/.
+
+import { decodeTimeline } from "./data/columns.js";
+import { parse, format } from "./data/fragment.js";
+import { bytes, site } from "./data/format.js";
+import { siteKey } from "./data/colors.js";
+import { SegMap } from "./draw/segmap.js";
+import { Timeline } from "./draw/timeline.js";
+import { drawActive } from "./draw/active.js";
+
+const app = document.getElementById("app");
+const id = app.dataset.id;
+const api = `/api/v1/snapshots/${id}`;
+
+if (app.dataset.status !== "ready") pending();
+else ready();
+
+/** Until the analysis is done: show progress, then reload into the full page. */
+async function pending() {
+  const text = document.getElementById("status-text");
+  const bar = document.getElementById("progress");
+  for (;;) {
+    const r = await fetch(api);
+    if (!r.ok) return;
+    const s = await r.json();
+    bar.value = s.progress;
+    text.textContent = s.status === "analyzing" ? `Analysing: ${Math.round(s.progress * 100)}% of ${bytes(s.bytes)} read.` : `Analysis ${s.status}.`;
+    if (s.status === "ready") return location.reload();
+    if (s.status === "failed") {
+      text.textContent = "The analysis failed:";
+      let err = document.getElementById("error");
+      if (!err) {
+        err = document.createElement("p");
+        err.id = "error";
+        err.className = "error";
+        bar.after(err);
+      }
+      err.textContent = s.error;
+      bar.hidden = true;
+      return;
+    }
+    await new Promise((res) => setTimeout(res, 400));
+  }
+}
+
+function ready() {
+  const sections = [...document.querySelectorAll("section.device")];
+  const state = parse(location.hash);
+  const devices = sections.map((s) => Number(s.dataset.device));
+  if (state.device === null || !devices.includes(state.device)) state.device = devices[0];
+  const section = () => sections.find((s) => Number(s.dataset.device) === state.device);
+  const events = () => Number(section().dataset.events);
+  if (state.event === null || state.event >= events()) state.event = Number(section().dataset.start);
+
+  const label = document.getElementById("event-label");
+  const sortSel = document.getElementById("sort");
+  const pinnersBody = document.querySelector("#pinners tbody");
+  const pinnersAt = document.getElementById("pinners-at");
+  const map = new SegMap(document.getElementById("segmap"), document.getElementById("tooltip"), document.getElementById("details"), {
+    onSelect: (address) => {
+      state.sel = address;
+      save();
+    },
+  });
+  const timeline = new Timeline(document.getElementById("timeline"), {
+    onCursor: (e) => setEvent(e),
+    onRange: (range) => {
+      state.range = range;
+      save();
+      loadTimeline();
+      loadActive();
+    },
+  });
+  let analysis = null;
+  let mapRequest = null;
+  const maps = new Map();
+  let siteKeys = [];
+
+  const save = () => history.replaceState(null, "", format(state));
+
+  sortSel.value = state.sort;
+  sortSel.addEventListener("change", () => {
+    state.sort = sortSel.value;
+    map.setSort(state.sort);
+    save();
+  });
+  document.getElementById("reset-zoom").addEventListener("click", () => {
+    map.resetView();
+    map.draw();
+  });
+  const deviceSel = document.getElementById("device");
+  if (deviceSel) {
+    deviceSel.value = String(state.device);
+    deviceSel.addEventListener("change", () => {
+      state.device = Number(deviceSel.value);
+      state.event = Number(section().dataset.start);
+      state.range = null;
+      state.sel = null;
+      state.site = null;
+      maps.clear();
+      showDevice();
+    });
+  }
+  for (const b of document.querySelectorAll("button.copy")) {
+    b.addEventListener("click", async () => {
+      const code = b.parentElement.querySelector("code").textContent;
+      try {
+        await navigator.clipboard.writeText(code);
+        b.textContent = "Copied";
+      } catch {
+        b.textContent = "Select and copy";
+      }
+      setTimeout(() => (b.textContent = "Copy"), 1500);
+    });
+  }
+
+  async function setEvent(e) {
+    state.event = e;
+    timeline.setCursor(e);
+    save();
+    await loadMap();
+  }
+
+  /** The map at the cursor: cached per event; a newer request replaces an older one. */
+  async function loadMap() {
+    const e = state.event;
+    label.textContent = `After event ${e} of ${events()}`;
+    let m = maps.get(e);
+    if (!m) {
+      if (mapRequest) mapRequest.abort();
+      mapRequest = new AbortController();
+      try {
+        const r = await fetch(`${api}/devices/${state.device}/state?event=${e}`, { signal: mapRequest.signal });
+        if (!r.ok) return;
+        m = await r.json();
+      } catch {
+        return;
+      }
+      maps.set(e, m);
+      if (maps.size > 64) maps.delete(maps.keys().next().value);
+    }
+    if (state.event !== e) return;
+    map.setMap(m);
+    loadPinners(e);
+  }
+
+  async function loadPinners(e) {
+    const r = await fetch(`${api}/devices/${state.device}/pinners?event=${e}`);
+    if (!r.ok || state.event !== e) return;
+    const p = await r.json();
+    pinnersAt.textContent = `after event ${e}: ${bytes(p.pinned.bytes)} pinned in ${p.pinned.segments} segments`;
+    siteKeys = p.pinners.map((x) => siteKey(x.call_site));
+    pinnersBody.replaceChildren();
+    p.pinners.forEach((x, i) => {
+      const tr = document.createElement("tr");
+      for (const text of [site(x.call_site), String(x.blocks), bytes(x.live_bytes), bytes(x.pinned_free_bytes)]) {
+        const td = document.createElement("td");
+        td.textContent = text;
+        tr.append(td);
+      }
+      if (state.site === i) tr.classList.add("on");
+      tr.addEventListener("click", () => {
+        state.site = state.site === i ? null : i;
+        for (const row of pinnersBody.children) row.classList.remove("on");
+        if (state.site !== null) tr.classList.add("on");
+        map.highlight(state.site === null ? null : siteKeys[i]);
+        save();
+      });
+      pinnersBody.append(tr);
+    });
+    map.highlight(state.site !== null && siteKeys[state.site] !== undefined ? siteKeys[state.site] : null);
+  }
+
+  async function loadTimeline() {
+    const canvas = document.getElementById("timeline");
+    const [start, end] = state.range || [0, events()];
+    const points = Math.max(50, Math.min(4000, Math.round(canvas.clientWidth)));
+    const r = await fetch(`${api}/devices/${state.device}/timeline?start=${start}&end=${end}&points=${points}&format=bin`);
+    if (!r.ok) return;
+    const tl = decodeTimeline(await r.arrayBuffer());
+    const dev = analysis.devices.find((d) => d.device === state.device);
+    timeline.setData(tl, dev ? dev.ooms : []);
+    timeline.setCursor(state.event);
+  }
+
+  async function loadActive() {
+    const canvas = document.getElementById("active");
+    const [start, end] = state.range || [0, events()];
+    const points = Math.max(50, Math.min(1000, Math.round(canvas.clientWidth / 2)));
+    const r = await fetch(`${api}/devices/${state.device}/active?start=${start}&end=${end}&points=${points}&top=8`);
+    if (!r.ok) return;
+    drawActive(canvas, document.getElementById("active-legend"), await r.json());
+  }
+
+  async function showDevice() {
+    for (const s of sections) s.hidden = s !== section();
+    save();
+    map.sel = state.sel;
+    map.fitted = false;
+    await Promise.all([loadMap(), loadTimeline(), loadActive()]);
+  }
+
+  (async () => {
+    const r = await fetch(`${api}/analysis`);
+    analysis = r.ok ? await r.json() : { devices: [] };
+    await showDevice();
+    document.body.dataset.ready = "1";
+  })();
+}

@@ -1,0 +1,288 @@
+//! The page in a real browser: Debian's headless Chromium driven through ChromeDriver against
+//! the real server. Screenshots land in target/screenshots for people to look at.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use fantoccini::actions::{InputSource, MouseActions, PointerAction};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{Value, json};
+
+use crate::util::*;
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const DRIVER: &str = "/usr/bin/chromedriver";
+
+/// ChromeDriver on a free port, killed when dropped.
+struct Driver {
+    child: Child,
+    port: u16,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// None where Chromium is not installed (CI installs it: .ci/run); say so.
+fn driver() -> Option<Driver> {
+    if !std::path::Path::new(CHROMIUM).exists() || !std::path::Path::new(DRIVER).exists() {
+        assert!(std::env::var("CI").is_err(), "CI must have chromium and chromium-driver");
+        eprintln!("skipped: Debian's chromium and chromium-driver are not installed");
+        return None;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(DRIVER).arg(format!("--port={port}")).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some(Driver { child, port, _profile: tempfile::tempdir().unwrap() })
+}
+
+async fn browser(d: &Driver) -> Client {
+    let args = [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1280,1100",
+        "--force-device-scale-factor=1",
+    ];
+    let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    args.push(format!("--user-data-dir={}", d._profile.path().display()));
+    let mut caps = serde_json::Map::new();
+    caps.insert("goog:chromeOptions".into(), json!({"binary": CHROMIUM, "args": args}));
+    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{}", d.port))
+        .await
+        .expect("a browser session")
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+async fn screenshot(c: &Client, name: &str) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("{name}.png")), c.screenshot().await.unwrap()).unwrap();
+}
+
+/// Waits until the page has drawn its data (snapshot.js sets `data-ready`).
+async fn wait_ready(c: &Client) {
+    for _ in 0..200 {
+        if c.execute("return document.body.dataset.ready === '1'", vec![]).await.unwrap() == json!(true) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the page never became ready");
+}
+
+async fn js(c: &Client, script: &str) -> Value {
+    c.execute(script, vec![]).await.unwrap()
+}
+
+/// The segment map's geometry, as the page drew it.
+async fn layout(c: &Client) -> Value {
+    serde_json::from_str(js(c, "return document.getElementById('segmap').dataset.layout").await.as_str().unwrap()).unwrap()
+}
+
+async fn pixel(c: &Client, x: f64, y: f64) -> [u8; 3] {
+    let v = c
+        .execute(
+            "const c = document.getElementById('segmap'); const d = c.getContext('2d').getImageData(arguments[0], arguments[1], 1, 1).data; return [d[0], d[1], d[2]];",
+            vec![json!(x.round()), json!(y.round())],
+        )
+        .await
+        .unwrap();
+    let a: Vec<u8> = serde_json::from_value(v).unwrap();
+    [a[0], a[1], a[2]]
+}
+
+fn saturated(p: [u8; 3]) -> bool {
+    p.iter().max().unwrap() - p.iter().min().unwrap() > 40
+}
+
+#[test]
+fn upload_in_the_browser_lands_on_the_page() {
+    let Some(d) = driver() else { return };
+    let server = TestServer::start(&[]);
+    runtime().block_on(async {
+        let c = browser(&d).await;
+        c.goto(&server.url("/")).await.unwrap();
+        let input = c.find(Locator::Css("#files")).await.unwrap();
+        input.send_keys(snapshot_path("seed_frag_default").to_str().unwrap()).await.unwrap();
+        c.wait().for_element(Locator::Css("#uploads progress")).await.unwrap();
+        for _ in 0..200 {
+            if c.current_url().await.unwrap().path().starts_with("/s/") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(c.current_url().await.unwrap().path().starts_with("/s/"), "did not land on the snapshot page");
+        wait_ready(&c).await;
+        let verdict = c.find(Locator::Css(".verdict h2")).await.unwrap().text().await.unwrap();
+        assert_eq!(verdict, "Out of memory: fragmentation");
+        screenshot(&c, "upload-landed").await;
+        c.goto(&server.url("/")).await.unwrap();
+        let recent = c.find(Locator::Css("table.recent td a")).await.unwrap().text().await.unwrap();
+        assert_eq!(recent, "seed_frag_default.pickle");
+        c.close().await.unwrap();
+    });
+}
+
+#[test]
+fn the_map_draws_the_pinned_gap_hover_shows_frames_the_cursor_moves_the_map_and_the_link_restores_the_view() {
+    let Some(d) = driver() else { return };
+    let server = TestServer::start(&[]);
+    let id = server.upload(&snapshot_path("seed_frag_default"))["id"].as_str().unwrap().to_string();
+    server.wait_done(&id);
+    let oom: Value = server.get_json(&format!("/api/v1/snapshots/{id}/ooms"));
+    let at = oom[0]["ooms"][0]["event_index"].as_u64().unwrap();
+    let m = server.get_json(&format!("/api/v1/snapshots/{id}/devices/0/state?event={at}"));
+    runtime().block_on(async {
+        let c = browser(&d).await;
+        c.goto(&server.url(&format!("/s/{id}"))).await.unwrap();
+        wait_ready(&c).await;
+        let l = layout(&c).await;
+        assert_eq!(l["event"], at, "the page opens at the OOM");
+        screenshot(&c, "seed-at-oom").await;
+        // Where the map data says the first row's pinned gap is, the canvas is hatched grey.
+        let row0 = l["order"][0].as_str().unwrap();
+        let seg = m["segments"].as_array().unwrap().iter().find(|s| s["address"] == row0).unwrap();
+        let base = u64::from_str_radix(&row0[2..], 16).unwrap() as f64;
+        let gap = seg["blocks"].as_array().unwrap().iter().find(|b| b["state"] == "inactive").unwrap();
+        let live = seg["blocks"].as_array().unwrap().iter().find(|b| b["state"] == "active_allocated").unwrap();
+        let (label, bpp, x0, top, bar) = (l["label"].as_f64().unwrap(), l["bpp"].as_f64().unwrap(), l["x0"].as_f64().unwrap(), l["top"].as_f64().unwrap(), l["bar"].as_f64().unwrap());
+        let x_of = |b: &Value, frac: f64| {
+            let off = u64::from_str_radix(&b["address"].as_str().unwrap()[2..], 16).unwrap() as f64 - base;
+            label + (off + b["size"].as_f64().unwrap() * frac - x0) / bpp
+        };
+        let y = top + bar / 2.0;
+        // Samples along the gap, then 12 neighbouring pixels in its middle (the hatch repeats
+        // every 6 px, so they must cross a line).
+        let mid = x_of(gap, 0.5);
+        let xs = (1..20).map(|k| x_of(gap, k as f64 / 20.0)).chain((0..12).map(|k| mid + k as f64));
+        let mut lines = 0;
+        for x in xs {
+            let p = pixel(&c, x, y).await;
+            assert!(!saturated(p), "pinned gap pixel {p:?} at x {x} is coloured");
+            if p[0] < 200 {
+                lines += 1;
+            }
+        }
+        assert!(lines >= 2, "no hatching drawn in the pinned gap");
+        assert!(saturated(pixel(&c, x_of(live, 0.5), y).await), "the live block is not coloured");
+        // Hover over the live block: the tooltip names its frames.
+        js(&c, "document.getElementById('segmap').scrollIntoView({block: 'center'})").await;
+        let canvas = c.find(Locator::Css("#segmap")).await.unwrap();
+        let (w, h) = (js(&c, "return document.getElementById('segmap').clientWidth").await.as_f64().unwrap(), js(&c, "return document.getElementById('segmap').clientHeight").await.as_f64().unwrap());
+        let mouse = MouseActions::new("mouse".into()).then(PointerAction::MoveToElement {
+            element: canvas.clone(),
+            x: (x_of(live, 0.5) - w / 2.0).round(),
+            y: (y - h / 2.0).round(),
+            duration: None,
+        });
+        c.perform_actions(mouse).await.unwrap();
+        let text = js(&c, "const t = document.getElementById('tooltip'); return t.hidden ? '' : t.textContent").await.as_str().unwrap().to_string();
+        assert!(text.contains("active_allocated") && text.contains("big_small_step"), "tooltip: {text}");
+        screenshot(&c, "seed-hover").await;
+        // The arrow key moves the cursor, and the map follows.
+        let tl = c.find(Locator::Css("#timeline")).await.unwrap();
+        tl.send_keys("\u{E012}").await.unwrap();
+        for _ in 0..100 {
+            if layout(&c).await["event"] == at - 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        assert_eq!(layout(&c).await["event"], at - 1);
+        assert!(c.current_url().await.unwrap().fragment().unwrap().contains(&format!("e={}", at - 1)));
+        // A link with a view in its fragment reopens that view.
+        c.goto(&server.url(&format!("/s/{id}#d=0&e=12&sort=size"))).await.unwrap();
+        c.refresh().await.unwrap();
+        wait_ready(&c).await;
+        assert_eq!(layout(&c).await["event"], 12);
+        assert_eq!(js(&c, "return document.getElementById('sort').value").await, "size");
+        screenshot(&c, "seed-event-12").await;
+        c.close().await.unwrap();
+    });
+}
+
+/// The seed snapshot with hostile text in its frames, written by python3's pickle.
+const PY_EVIL: &str = r#"
+import pickle, sys
+s = pickle.load(open(sys.argv[1], 'rb'))
+evil = ['<script>window.__pwned=1</script>', '"><img src=x onerror="window.__pwned=2">']
+def poison(frames):
+    for i, f in enumerate(frames):
+        f['name'] = evil[i % 2]
+        f['filename'] = evil[(i + 1) % 2] + '.py'
+for seg in s['segments']:
+    for b in seg['blocks']:
+        poison(b['frames'])
+for e in s['device_traces'][0]:
+    poison(e.get('frames', []))
+pickle.dump(s, open(sys.argv[2], 'wb'))
+print('null')
+"#;
+
+#[test]
+fn script_in_frame_names_file_names_and_notes_runs_nowhere() {
+    let Some(d) = driver() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let evil = dir.path().join("evil.pickle");
+    python_json(PY_EVIL, &[&snapshot_path("seed_frag_default"), &evil]);
+    let server = TestServer::start(&[]);
+    // The name and the note travel in a multipart form, as the browser's form would send them.
+    let form = reqwest::blocking::multipart::Form::new()
+        .file("file", &evil)
+        .unwrap()
+        .text("name", "<img src=x onerror=\"window.__pwned=3\">")
+        .text("note", "<script>window.__pwned=4</script>");
+    let r = TestServer::client().post(server.url("/api/v1/snapshots")).multipart(form).send().unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let id = r.json::<Value>().unwrap()["id"].as_str().unwrap().to_string();
+    server.wait_done(&id);
+    runtime().block_on(async {
+        let c = browser(&d).await;
+        c.goto(&server.url(&format!("/s/{id}"))).await.unwrap();
+        wait_ready(&c).await;
+        // Show every text the page can show: the tooltip and details of a live block.
+        js(&c, "document.getElementById('segmap').scrollIntoView({block: 'center'})").await;
+        let l = layout(&c).await;
+        let canvas = c.find(Locator::Css("#segmap")).await.unwrap();
+        let w = js(&c, "return document.getElementById('segmap').clientWidth").await.as_f64().unwrap();
+        let h = js(&c, "return document.getElementById('segmap').clientHeight").await.as_f64().unwrap();
+        let x = l["label"].as_f64().unwrap() + 40.0;
+        let y = l["top"].as_f64().unwrap() + 8.0;
+        let click = MouseActions::new("mouse".into())
+            .then(PointerAction::MoveToElement { element: canvas, x: (x - w / 2.0).round(), y: (y - h / 2.0).round(), duration: None })
+            .then(PointerAction::Down { button: 0 })
+            .then(PointerAction::Up { button: 0 });
+        c.perform_actions(click).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let text = js(&c, "return document.body.innerText").await.as_str().unwrap().to_string();
+        assert!(text.contains("<script>window.__pwned=1</script>"), "frame names are shown as text");
+        assert!(text.contains("<img src=x onerror=\"window.__pwned=3\">"), "the name is shown as text");
+        assert!(text.contains("<script>window.__pwned=4</script>"), "the note is shown as text");
+        assert_eq!(js(&c, "return window.__pwned === undefined").await, json!(true), "a script ran");
+        assert_eq!(js(&c, "return document.querySelectorAll('img').length").await, json!(0), "markup from the snapshot was rendered");
+        screenshot(&c, "hostile-text").await;
+        c.goto(&server.url("/")).await.unwrap();
+        assert_eq!(js(&c, "return window.__pwned === undefined && document.querySelectorAll('img').length === 0").await, json!(true));
+        c.close().await.unwrap();
+    });
+}

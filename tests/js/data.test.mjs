@@ -1,0 +1,105 @@
+// Unit tests of the page's pure data modules (node --test; run by the cargo suite).
+import assert from "node:assert/strict";
+import test from "node:test";
+
+import { decodeTimeline, bucketOf, peak, growth, SERIES } from "../../static/js/data/columns.js";
+import { parse, format } from "../../static/js/data/fragment.js";
+import { runs, order, fit, hit, zoom, rowAt, ROW } from "../../static/js/data/layout.js";
+import { siteColor, hash } from "../../static/js/data/colors.js";
+import { bytes } from "../../static/js/data/format.js";
+
+function timeline(n, start, end) {
+  const v = [n, start, end];
+  for (let i = 0; i < n; i++) v.push(start + i * 10);
+  for (let i = 0; i < n; i++) v.push(1000 + i);
+  for (let s = 0; s < SERIES.length; s++) {
+    for (let i = 0; i < n; i++) v.push(i * (s + 1));
+    for (let i = 0; i < n; i++) v.push(i * (s + 1) + 5);
+  }
+  return new Float64Array(v).buffer;
+}
+
+test("timeline columns decode without copying and find buckets", () => {
+  const tl = decodeTimeline(timeline(4, 100, 140));
+  assert.equal(tl.n, 4);
+  assert.deepEqual([...tl.event], [100, 110, 120, 130]);
+  assert.deepEqual([...tl.max.allocated_bytes], [5, 7, 9, 11]);
+  assert.equal(bucketOf(tl, 125), 2);
+  assert.equal(bucketOf(tl, 100), 0);
+  assert.equal(bucketOf(tl, 999), 3);
+  assert.equal(peak(tl, ["reserved_bytes"]), 8);
+  assert.deepEqual(growth(tl), [1, 2, 3]);
+  assert.throws(() => decodeTimeline(new Float64Array([5, 0, 1]).buffer));
+});
+
+test("the fragment round-trips and refuses junk", () => {
+  const v = { device: 1, event: 42, sort: "pinned", sel: "0x7f00", site: 3, range: [10, 20] };
+  assert.deepEqual(parse(format(v)), v);
+  const junk = parse("#d=x&e=-1&sort=evil&sel=<script>&r=9-3");
+  assert.equal(junk.device, null);
+  assert.equal(junk.event, null);
+  assert.equal(junk.sort, "address");
+  assert.equal(junk.sel, null);
+  assert.equal(junk.range, null);
+});
+
+const seg = {
+  address: "0x1000",
+  size: 1000,
+  pinned_free_bytes: 400,
+  blocks: [
+    { address: "0x1000", size: 600, state: "active_allocated" },
+    { address: "0x1258", size: 400, state: "inactive" },
+  ],
+};
+
+test("runs map blocks to pixels and mark pinned gaps", () => {
+  const r = runs(seg, 0, 10, 100); // 10 bytes per pixel
+  assert.deepEqual(r.map((x) => [x.x, x.w, x.kind, x.block]), [
+    [0, 60, "alloc", 0],
+    [60, 40, "pinned", 1],
+  ]);
+  assert.equal(hit(r, 65).block, 1);
+  assert.equal(hit(r, 150), null);
+});
+
+test("sub-pixel blocks merge into one-pixel runs of the dominant state", () => {
+  const tiny = {
+    address: "0x0",
+    size: 100,
+    pinned_free_bytes: 0,
+    blocks: [
+      { address: "0x0", size: 30, state: "active_allocated" },
+      { address: "0x1e", size: 60, state: "inactive" },
+      { address: "0x5a", size: 10, state: "active_allocated" },
+    ],
+  };
+  const r = runs(tiny, 0, 1000, 50); // all in pixel 0
+  assert.equal(r.length, 1);
+  assert.equal(r[0].kind, "free");
+  assert.equal(r[0].block, -1);
+});
+
+test("zoom keeps the byte under the pointer", () => {
+  const v = zoom({ x0: 0, bpp: 10 }, 50, 0.5);
+  assert.equal(v.x0 + 50 * v.bpp, 500);
+  assert.equal(v.bpp, 5);
+  assert.equal(rowAt(ROW * 2 + 3, 5), 7);
+  assert.equal(rowAt(ROW * 2 + ROW - 1, 5), -1, "the gap between rows is no row");
+});
+
+test("sorting and fitting", () => {
+  const segs = [{ size: 10, pinned_free_bytes: 0 }, { size: 30, pinned_free_bytes: 5 }, { size: 20, pinned_free_bytes: 9 }];
+  assert.deepEqual(order(segs, "size"), [1, 2, 0]);
+  assert.deepEqual(order(segs, "pinned"), [2, 1, 0]);
+  assert.deepEqual(order(segs, "address"), [0, 1, 2]);
+  assert.equal(fit(segs, 170 + 8 + 30), 1);
+});
+
+test("colours are stable per call site and formats read well", () => {
+  assert.equal(siteColor("a.py:1:f"), siteColor("a.py:1:f"));
+  assert.notEqual(siteColor("a.py:1:f"), siteColor("a.py:2:f"));
+  assert.equal(hash(""), 0x811c9dc5);
+  assert.equal(bytes(545259520), "520.00 MiB");
+  assert.equal(bytes(12), "12 B");
+});
