@@ -5,7 +5,7 @@
 //! a few times, reporting the median wall time and the peak RSS the kernel measured for the
 //! child (`wait4`'s `ru_maxrss`). Not a test: machines are noisy, so it asserts nothing.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
@@ -35,28 +35,9 @@ fn median(cmd: impl Fn() -> Command) -> Measure {
     runs.swap_remove(RUNS / 2)
 }
 
-/// The unpacked big_trace snapshot, or None if the shared fixtures are not beside the checkout.
-fn big_trace() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("FRAGSCOPE_BIG_TRACE") {
-        return Some(PathBuf::from(p));
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let xz = root.join("../shared/fixtures/real/big_trace.pickle.xz");
-    if !xz.exists() {
-        return None;
-    }
-    let dir = root.join("target/bench-data");
-    let out = dir.join("big_trace.pickle");
-    if !out.exists() {
-        std::fs::create_dir_all(&dir).unwrap();
-        let tmp = dir.join("big_trace.pickle.part");
-        let file = std::fs::File::create(&tmp).unwrap();
-        let ok = Command::new("xz").args(["-dc"]).arg(&xz).stdout(file).status().expect("xz").success();
-        assert!(ok, "xz failed");
-        std::fs::rename(&tmp, &out).unwrap();
-    }
-    Some(out)
-}
+#[path = "common.rs"]
+mod common;
+use common::big_trace;
 
 fn main() {
     // `cargo bench -- --list` and the like: nothing to list.
