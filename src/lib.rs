@@ -24,6 +24,7 @@ pub mod ingest;
 pub mod loaded;
 pub mod reader;
 pub mod replay;
+pub mod simulate;
 pub mod snapshot;
 pub mod store;
 pub mod units;

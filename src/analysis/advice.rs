@@ -36,6 +36,9 @@ pub struct Remedy {
     /// What the simulation predicts under this remedy, where it was run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub predicted: Option<String>,
+    /// The call site a code remedy acts on, as `--mempool`/`--reuse` take it.
+    #[serde(skip)]
+    pub site: Option<String>,
 }
 
 /// Everything the diagnosis weighs.
@@ -137,7 +140,7 @@ fn expandable(f: &Facts, fragmented: bool) -> Remedy {
             "No code change. The allocator maps physical pages into one growing range per stream instead of separate segments, so memory freed anywhere can serve the next big request and whole free pages go back to CUDA.{still}"
         ))
     };
-    Remedy { kind: "expandable_segments", applies, setting_or_code: setting, why, predicted: None }
+    Remedy { kind: "expandable_segments", applies, setting_or_code: setting, why, predicted: None, site: None }
 }
 
 /// Bytes of a free range that do not fill whole expandable pages (2 MiB small, 20 MiB large).
@@ -157,6 +160,7 @@ fn mempool(f: &Facts, fragmented: bool, pinner: Option<&CallSite>) -> Remedy {
             setting_or_code: String::new(),
             why: "The trace does not say where the big blocks were allocated (no frames recorded).".to_string(),
             predicted: None,
+            site: None,
         };
     };
     let code = format!(
@@ -174,7 +178,7 @@ fn mempool(f: &Facts, fragmented: bool, pinner: Option<&CallSite>) -> Remedy {
             bytes(size)
         ))
     };
-    Remedy { kind: "mempool", applies, setting_or_code: code, why, predicted: None }
+    Remedy { kind: "mempool", applies, setting_or_code: code, why, predicted: None, site: Some(crate::simulate::site_arg(&site)) }
 }
 
 fn max_split(f: &Facts, fragmented: bool, small_size: u64) -> Remedy {
@@ -197,16 +201,16 @@ fn max_split(f: &Facts, fragmented: bool, small_size: u64) -> Remedy {
             bytes(big)
         ))
     };
-    Remedy { kind: "max_split_size", applies, setting_or_code: setting, why, predicted: None }
+    Remedy { kind: "max_split_size", applies, setting_or_code: setting, why, predicted: None, site: None }
 }
 
 fn reuse(f: &Facts, fragmented: bool) -> Remedy {
     let Some((site, size)) = f.big.clone() else {
-        return Remedy { kind: "reuse_buffer", applies: false, setting_or_code: String::new(), why: "No big allocation to reuse.".into(), predicted: None };
+        return Remedy { kind: "reuse_buffer", applies: false, setting_or_code: String::new(), why: "No big allocation to reuse.".into(), predicted: None, site: None };
     };
     let place = site.as_ref().map(|s| format!("{s}")).unwrap_or_else(|| "the big allocation".into());
     let code = format!(
-        "buf = torch.empty({size}, dtype=torch.uint8, device=\"cuda\")  # once, {}\n# then, each time, instead of allocating at {place}:\nx = buf[:{size}].view(dtype).view(shape)  # or torch.op(..., out=...)",
+        "buf = torch.empty({size}, dtype=torch.uint8, device=\"cuda\")  # once, {}\nx = buf[:{size}].view(dtype).view(shape)  # or torch.op(..., out=...)\n# each time, instead of allocating at {place}",
         bytes(size)
     );
     let (applies, why) = if f.big_repeats >= 3 && fragmented {
@@ -216,7 +220,7 @@ fn reuse(f: &Facts, fragmented: bool) -> Remedy {
     } else {
         (false, format!("{place} did not allocate the same size repeatedly ({} times in the trace).", f.big_repeats))
     };
-    Remedy { kind: "reuse_buffer", applies, setting_or_code: code, why, predicted: None }
+    Remedy { kind: "reuse_buffer", applies, setting_or_code: code, why, predicted: None, site: site.as_ref().map(crate::simulate::site_arg) }
 }
 
 #[cfg(test)]

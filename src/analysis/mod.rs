@@ -196,6 +196,8 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
         big: big.clone(),
         big_repeats,
     });
+    let mut diagnosis = diagnosis;
+    predict(snapshot, d, &pass.ooms.ooms, &mut diagnosis);
     let analysis = DeviceAnalysis {
         device: d.device,
         final_state,
@@ -215,6 +217,31 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
         },
     };
     (analysis, replay, pass.timeline)
+}
+
+/// Runs each applicable remedy through the allocator model, within the budget the job had
+/// (the memory reserved at its first OOM: the real limit is at least that), and says what it
+/// predicts. Only for traces that ran out of memory: otherwise there is nothing to save.
+fn predict(snapshot: &Snapshot, d: &Device, ooms: &[Oom], diagnosis: &mut Diagnosis) {
+    let Some(first) = ooms.first() else { return };
+    let budget = first.reserved_bytes;
+    for r in diagnosis.remedies.iter_mut().filter(|r| r.applies) {
+        let settings = match r.kind {
+            "expandable_segments" | "max_split_size" => {
+                let conf = r.setting_or_code.trim_start_matches("PYTORCH_CUDA_ALLOC_CONF=").to_string();
+                crate::simulate::Settings { conf: Some(conf), capacity: Some(budget), ..Default::default() }
+            }
+            "mempool" => crate::simulate::Settings { capacity: Some(budget), mempool: r.site.clone(), ..Default::default() },
+            "reuse_buffer" => crate::simulate::Settings { capacity: Some(budget), reuse: r.site.clone(), ..Default::default() },
+            _ => continue,
+        };
+        if let Ok(o) = crate::simulate::simulate(snapshot, d, &settings) {
+            r.predicted = Some(match o.oom {
+                None => format!("no OOM within the same {}, peak {}", crate::units::bytes(budget), crate::units::bytes(o.peak_reserved_bytes)),
+                Some(x) => format!("still out of memory, at event {}", x.event_index),
+            });
+        }
+    }
 }
 
 /// The big allocations to act on: the failing request if the job ran out of memory, else the

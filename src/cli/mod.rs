@@ -34,6 +34,27 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Replay the trace through a model of the caching allocator under other settings.
+    Simulate {
+        file: PathBuf,
+        #[arg(long)]
+        device: Option<i64>,
+        /// `PYTORCH_CUDA_ALLOC_CONF` to try, e.g. 'expandable_segments:True,max_split_size_mb:256';
+        /// '' is the default allocator; omitted, the snapshot's own settings.
+        #[arg(long)]
+        conf: Option<String>,
+        /// Send a call site's allocations (`file.py:123` or a function name) to a private MemPool.
+        #[arg(long)]
+        mempool: Option<String>,
+        /// Serve a call site's allocations from preallocated buffers of its largest size.
+        #[arg(long)]
+        reuse: Option<String>,
+        /// The memory budget (e.g. 6GiB); without it, no OOM is predicted.
+        #[arg(long, value_parser = crate::config::parse_size)]
+        capacity: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the segment map at one event: segments to scale, pinned gaps marked.
     State {
         file: PathBuf,
@@ -54,6 +75,17 @@ pub fn run(cli: Cli) -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&file, e),
         },
+        Command::Simulate { file, device, conf, mempool, reuse, capacity, json } => {
+            let settings = crate::simulate::Settings { conf, capacity, mempool, reuse };
+            match simulate(&file, device, &settings, json) {
+                Ok(Ok(())) => ExitCode::SUCCESS,
+                Ok(Err(usage)) => {
+                    eprintln!("fragscope: {}: {usage}", file.display());
+                    ExitCode::from(2)
+                }
+                Err(e) => fail(&file, e),
+            }
+        }
         Command::State { file, event, device } => match state(&file, &event, device) {
             Ok(Ok(text)) => {
                 print!("{text}");
@@ -66,6 +98,32 @@ pub fn run(cli: Cli) -> ExitCode {
             Err(e) => fail(&file, e),
         },
     }
+}
+
+fn simulate(file: &std::path::Path, device: Option<i64>, settings: &crate::simulate::Settings, json: bool) -> Result<Result<(), String>, IngestError> {
+    let snap = ingest::ingest_path(file, &ingest::Options::default())?.snapshot;
+    let d = match device {
+        Some(want) => snap.devices.iter().find(|d| d.device == want),
+        None => snap.devices.first(),
+    };
+    let Some(d) = d else { return Ok(Err(format!("no device {}", device.unwrap_or(0)))) };
+    let outcome = match crate::simulate::simulate(&snap, d, settings) {
+        Ok(o) => o,
+        Err(e) => return Ok(Err(e)),
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&outcome).unwrap_or_default());
+    } else {
+        let cap = outcome.capacity_bytes.map(|c| format!(" within {}", bytes(c))).unwrap_or_default();
+        println!("device {} under {}{cap}: {} events replayed", outcome.device, outcome.conf, outcome.replayed_events);
+        println!("  peak reserved  {}", bytes(outcome.peak_reserved_bytes));
+        println!("  peak allocated {}", bytes(outcome.peak_allocated_bytes));
+        match &outcome.oom {
+            Some(o) => println!("  OOM at event {}: {} requested with {} reserved, {} allocated", o.event_index, bytes(o.requested_bytes), bytes(o.reserved_bytes), bytes(o.allocated_bytes)),
+            None => println!("  no OOM; {} reserved at the end, {} of it free but pinned", bytes(outcome.final_reserved_bytes), bytes(outcome.pinned_free_bytes_at_end)),
+        }
+    }
+    Ok(Ok(()))
 }
 
 /// The segment map text, or a usage error (no such device or event).

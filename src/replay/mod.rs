@@ -25,6 +25,8 @@ const MAX_WARNINGS: usize = 20;
 
 /// Watches the forward pass; `state` is the state right after event `index`.
 pub trait Observer {
+    /// The state before the first event (what the process held when the trace began).
+    fn start(&mut self, _initial: &State) {}
     fn event(&mut self, _index: usize, _event: &Event, _state: &State) {}
 }
 
@@ -96,6 +98,7 @@ impl Replay {
         for w in init.warnings {
             warnings.push(w);
         }
+        observer.start(&init.state);
         let mut state = init.state.clone();
         let mut checkpoints = Vec::with_capacity(events.len() / every.min(events.len().max(1)));
         for (i, e) in events.iter().enumerate() {

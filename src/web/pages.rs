@@ -59,6 +59,10 @@ struct DeviceCard {
     /// The event the page opens on: the first OOM, else the last event.
     start_event: i64,
     warnings: Vec<String>,
+    /// The budget the what-if form suggests: the reserved bytes at the first OOM.
+    budget: String,
+    /// What really happened, beside which simulations are read.
+    real: String,
 }
 
 struct RemedyView {
@@ -236,7 +240,14 @@ fn device_card(d: &Value) -> DeviceCard {
     if d["trace"]["complete"] == false {
         warnings.insert(0, "The trace does not reach back to an empty allocator (its oldest events were dropped): the start is reconstructed from the end.".into());
     }
+    let budget = d["ooms"][0]["reserved_bytes"].as_u64().map(|b| format!("{}MiB", b >> 20)).unwrap_or_default();
+    let real = match d["ooms"][0]["event_index"].as_u64() {
+        Some(e) => format!("Really: out of memory at event {e}, with {} reserved.", n(&d["ooms"][0]["reserved_bytes"])),
+        None => format!("Really: no OOM, peak {} reserved.", n(&d["peak"]["reserved_bytes"])),
+    };
     DeviceCard {
+        budget,
+        real,
         device: d["device"].as_i64().unwrap_or(0),
         verdict: match verdict {
             "fragmentation" => "Out of memory: fragmentation".into(),

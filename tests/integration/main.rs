@@ -8,6 +8,7 @@ mod notebook;
 mod reader_props;
 mod replay;
 mod server;
+mod simulate;
 mod truth;
 mod util;
 mod variants;

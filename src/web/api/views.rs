@@ -255,3 +255,30 @@ pub async fn active(State(app): State<AppState>, Path((id, device)): Path<(Strin
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))?
 }
+
+#[derive(Deserialize)]
+pub struct SimulateQuery {
+    conf: Option<String>,
+    mempool: Option<String>,
+    reuse: Option<String>,
+    capacity: Option<String>,
+}
+
+/// The trace replayed through the allocator model under other settings (see `simulate`).
+pub async fn simulate(State(app): State<AppState>, Path((id, device)): Path<(String, i64)>, Query(q): Query<SimulateQuery>) -> Result<Json<crate::simulate::Outcome>, ApiError> {
+    let row = app.ready(&id).await?;
+    let capacity = match q.capacity.as_deref().filter(|c| !c.is_empty()) {
+        Some(c) => Some(crate::config::parse_size(c).map_err(ApiError::BadRequest)?),
+        None => None,
+    };
+    let nonempty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
+    let settings = crate::simulate::Settings { conf: q.conf, capacity, mempool: nonempty(q.mempool), reuse: nonempty(q.reuse) };
+    let entry = entry(&app, &row).await?;
+    let _slot = app.worker.slots.acquire().await.map_err(|e| ApiError::Internal(e.to_string()))?;
+    tokio::task::spawn_blocking(move || {
+        let (_, d) = entry.device(device).ok_or(ApiError::NotFound("device"))?;
+        crate::simulate::simulate(&entry.snapshot, d, &settings).map(Json).map_err(ApiError::BadRequest)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?
+}
