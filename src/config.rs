@@ -30,8 +30,8 @@ pub struct Config {
     /// Snapshots kept parsed in memory for state-at-event queries.
     #[arg(long, env = "FRAGSCOPE_LOADED_SNAPSHOTS", default_value_t = 4)]
     pub loaded_snapshots: usize,
-    /// Seconds a request may take to arrive and be answered (uploads: per 64 KiB received).
-    #[arg(long, env = "FRAGSCOPE_REQUEST_TIMEOUT", default_value_t = 30)]
+    /// Seconds an upload may go without sending anything before it is cut off (408).
+    #[arg(long = "request-timeout", env = "FRAGSCOPE_REQUEST_TIMEOUT", default_value_t = 30)]
     pub request_timeout_secs: u64,
 }
 

@@ -51,6 +51,8 @@ pub struct Analysis {
     pub allocator_settings: Option<serde_json::Value>,
     /// `external_annotations` (torch >= 2.5): named ranges such as optimizer steps.
     pub annotations: Vec<crate::snapshot::Annotation>,
+    /// Contradictions in the file, and how they were repaired before analysis.
+    pub warnings: Vec<String>,
     pub devices: Vec<DeviceAnalysis>,
 }
 
@@ -114,6 +116,7 @@ pub fn analyze(snapshot: &Snapshot, source: Source, depth: Depth) -> Analyzed {
         source,
         allocator_settings: snapshot.allocator_settings.clone(),
         annotations: snapshot.annotations.clone(),
+        warnings: snapshot.warnings.clone(),
         devices,
     };
     Analyzed { analysis, replays, timelines }

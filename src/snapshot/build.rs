@@ -360,7 +360,11 @@ pub fn build(parsed: Parsed, mut sink: SnapshotSink) -> Result<Snapshot, ModelEr
         Some(v) => w.annotations(v)?,
         None => Vec::new(),
     };
-    let (devices, events, extras) = split_devices(by_device, traces, sink.events, sink.extras);
+    let (mut devices, events, extras) = split_devices(by_device, traces, sink.events, sink.extras);
+    let mut warnings = Vec::new();
+    for d in &mut devices {
+        warnings.extend(super::validate::repair(d).into_iter().map(|w| format!("device {}: {w}", d.device)));
+    }
     let mut stacks = sink.stacks;
     stacks.strings = std::mem::take(&mut heap.strings);
     Ok(Snapshot {
@@ -373,6 +377,7 @@ pub fn build(parsed: Parsed, mut sink: SnapshotSink) -> Result<Snapshot, ModelEr
         allocator_settings,
         annotations,
         legacy,
+        warnings,
     })
 }
 

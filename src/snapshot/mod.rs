@@ -9,6 +9,7 @@ mod build;
 mod error;
 mod stacks;
 mod trace;
+mod validate;
 
 pub use build::{SnapshotSink, build};
 pub use error::ModelError;
@@ -34,6 +35,8 @@ pub struct Snapshot {
     pub annotations: Vec<Annotation>,
     /// The file was a bare list of segments (before torch added traces).
     pub legacy: bool,
+    /// Contradictions found in the file and how they were repaired.
+    pub warnings: Vec<String>,
 }
 
 impl Snapshot {

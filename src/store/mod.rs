@@ -78,6 +78,13 @@ impl Store {
                 self.blobs.delete(&sha)?;
             }
         }
+        // Results of snapshots whose row is gone (a delete the stop interrupted).
+        let ids: std::collections::HashSet<String> = self.meta.all_ids().await?.into_iter().collect();
+        for id in self.results.ids()? {
+            if !ids.contains(&id) {
+                self.results.delete(&id)?;
+            }
+        }
         Ok(())
     }
 

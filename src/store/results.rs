@@ -78,6 +78,19 @@ impl Results {
         }
     }
 
+    /// Ids that have results on disk.
+    pub fn ids(&self) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(&self.dir)? {
+            if let Some(name) = e?.file_name().to_str() {
+                if super::valid_id(name) {
+                    out.push(name.to_string());
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Removes half-written results (a crash during a write).
     pub fn clean_partial(&self) -> io::Result<()> {
         for e in std::fs::read_dir(&self.dir)? {

@@ -15,6 +15,8 @@ pub enum ApiError {
     BadRequest(String),
     Unauthorized,
     TooLarge(String),
+    /// The client stopped sending.
+    Timeout(String),
     UnsupportedMedia(String),
     /// The bytes were read but are not a memory snapshot.
     NotASnapshot(String),
@@ -31,6 +33,7 @@ impl ApiError {
             ApiError::BadRequest(d) => (StatusCode::BAD_REQUEST, "bad_request", d.clone()),
             ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "this needs `Authorization: Bearer <token>`".into()),
             ApiError::TooLarge(d) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large", d.clone()),
+            ApiError::Timeout(d) => (StatusCode::REQUEST_TIMEOUT, "timeout", d.clone()),
             ApiError::UnsupportedMedia(d) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_format", d.clone()),
             ApiError::NotASnapshot(d) => (StatusCode::UNPROCESSABLE_ENTITY, "not_a_snapshot", d.clone()),
             ApiError::NotReady(d) => (StatusCode::CONFLICT, "not_ready", d.clone()),

@@ -181,7 +181,13 @@ fn fill(app: &AppState, row: &SnapshotRow, page: &mut Snapshot) -> Result<(), Pa
     let raw = app.store.results.read(&row.id, "analysis.json").map_err(|e| ApiError::Internal(e.to_string()))?;
     let a: Value = serde_json::from_slice(&raw).map_err(|e| ApiError::Internal(e.to_string()))?;
     for d in a["devices"].as_array().into_iter().flatten() {
-        page.devices.push(device_card(d));
+        let mut card = device_card(d);
+        for w in a["warnings"].as_array().into_iter().flatten().filter_map(|w| w.as_str()) {
+            if w.starts_with(&format!("device {}:", card.device)) {
+                card.warnings.insert(0, format!("The file contradicts itself: {w}"));
+            }
+        }
+        page.devices.push(card);
     }
     if let Some(s) = a["allocator_settings"].as_object() {
         page.settings = s.iter().filter(|(k, _)| *k != "roundup_power2_divisions").map(|(k, v)| (k.clone(), v.to_string())).collect();

@@ -25,8 +25,13 @@ pub struct Received {
     pub note: Option<String>,
 }
 
+/// Slowest average an upload may keep after its grace period (`--request-timeout`).
+const MIN_BYTES_PER_SEC: u64 = 64 << 10;
+
 /// Writes chunks to the temp file, hashing, counting and capping.
 struct Spool {
+    started: std::time::Instant,
+    grace: std::time::Duration,
     file: tokio::fs::File,
     path: PathBuf,
     hasher: Sha256,
@@ -36,13 +41,20 @@ struct Spool {
 }
 
 impl Spool {
-    async fn new(path: PathBuf, max: u64) -> Result<Spool, ApiError> {
+    async fn new(path: PathBuf, max: u64, grace: std::time::Duration) -> Result<Spool, ApiError> {
         let file = tokio::fs::File::create(&path).await.map_err(|e| ApiError::Internal(format!("temp file: {e}")))?;
-        Ok(Spool { file, path, hasher: Sha256::new(), bytes: 0, head: Vec::new(), max })
+        Ok(Spool { started: std::time::Instant::now(), grace, file, path, hasher: Sha256::new(), bytes: 0, head: Vec::new(), max })
     }
 
     async fn write(&mut self, chunk: &[u8]) -> Result<(), ApiError> {
         self.bytes += chunk.len() as u64;
+        let elapsed = self.started.elapsed();
+        if elapsed > self.grace && self.bytes < MIN_BYTES_PER_SEC * elapsed.as_secs() {
+            return Err(ApiError::Timeout(format!(
+                "the upload is arriving slower than {} KiB/s",
+                MIN_BYTES_PER_SEC >> 10
+            )));
+        }
         if self.bytes > self.max {
             return Err(ApiError::TooLarge(format!("the upload is larger than the server's limit of {} bytes", self.max)));
         }
@@ -63,25 +75,32 @@ impl Spool {
     }
 }
 
-/// Receives the upload into `temp`; on any error the temp file is removed.
-pub async fn receive(request: Request, temp: PathBuf, max: u64) -> Result<Received, ApiError> {
-    let result = receive_inner(request, temp.clone(), max).await;
+/// Receives the upload into `temp`; on any error the temp file is removed. A client that
+/// sends nothing for `idle`, or averages under 64 KiB/s once `idle` has passed, is cut off
+/// (408): a slow sender holds a connection, never an analysis slot (those are taken only once
+/// the whole upload is here).
+pub async fn receive(request: Request, temp: PathBuf, max: u64, idle: std::time::Duration) -> Result<Received, ApiError> {
+    let result = receive_inner(request, temp.clone(), max, idle).await;
     if result.is_err() {
         let _ = tokio::fs::remove_file(&temp).await;
     }
     result
 }
 
-async fn receive_inner(request: Request, temp: PathBuf, max: u64) -> Result<Received, ApiError> {
+fn too_slow(idle: std::time::Duration) -> ApiError {
+    ApiError::Timeout(format!("the upload sent nothing for {} s", idle.as_secs()))
+}
+
+async fn receive_inner(request: Request, temp: PathBuf, max: u64, idle: std::time::Duration) -> Result<Received, ApiError> {
     let is_form = request
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("multipart/form-data"));
-    let mut spool = Spool::new(temp, max).await?;
+    let mut spool = Spool::new(temp, max, idle).await?;
     if !is_form {
         let mut body = request.into_body().into_data_stream();
-        while let Some(chunk) = body.next().await {
+        while let Some(chunk) = tokio::time::timeout(idle, body.next()).await.map_err(|_| too_slow(idle))? {
             let chunk: Bytes = chunk.map_err(|e| ApiError::BadRequest(format!("the upload was cut off: {e}")))?;
             spool.write(&chunk).await?;
         }
@@ -89,7 +108,7 @@ async fn receive_inner(request: Request, temp: PathBuf, max: u64) -> Result<Rece
     }
     let mut form = Multipart::from_request(request, &()).await.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let (mut filename, mut name, mut note, mut got_file) = (None, None, None, false);
-    while let Some(mut field) = form.next_field().await.map_err(|e| ApiError::BadRequest(e.body_text()))? {
+    while let Some(mut field) = tokio::time::timeout(idle, form.next_field()).await.map_err(|_| too_slow(idle))?.map_err(|e| ApiError::BadRequest(e.body_text()))? {
         let field_name = field.name().unwrap_or("").to_string();
         if field.file_name().is_some() || field_name == "file" {
             if got_file {
@@ -97,7 +116,7 @@ async fn receive_inner(request: Request, temp: PathBuf, max: u64) -> Result<Rece
             }
             got_file = true;
             filename = field.file_name().map(|s| s.to_string());
-            while let Some(chunk) = field.chunk().await.map_err(|e| ApiError::BadRequest(e.body_text()))? {
+            while let Some(chunk) = tokio::time::timeout(idle, field.chunk()).await.map_err(|_| too_slow(idle))?.map_err(|e| ApiError::BadRequest(e.body_text()))? {
                 spool.write(&chunk).await?;
             }
         } else if field_name == "name" || field_name == "note" {

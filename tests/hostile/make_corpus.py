@@ -48,3 +48,29 @@ write("not_a_snapshot.pickle", pickle.dumps({"weights": [1.0, 2.0], "epoch": 3},
 write("trace_wrong_type.pickle", pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": "big", "stream": 0}]]}, protocol=4))
 # A truncated real-shaped snapshot (the end cut off).
 write("truncated.pickle", pickle.dumps({"segments": [{"address": 1 << 40, "total_size": 2 << 20, "blocks": [{"size": 2 << 20, "state": "inactive"}]}], "device_traces": [[]]}, protocol=4)[:-9])
+# A snapshot that contradicts itself: a block larger than its segment, overlapping segments,
+# a free of an address never allocated, an alloc outside every segment.
+G = 1 << 30
+contradictory = {
+    "segments": [
+        {"device": 0, "address": 1 << 40, "total_size": 2 << 20, "stream": 0, "segment_type": "large",
+         "blocks": [{"address": 1 << 40, "size": 8 << 20, "state": "active_allocated", "frames": []}]},
+        {"device": 0, "address": (1 << 40) + (1 << 20), "total_size": 20 << 20, "stream": 0, "segment_type": "large",
+         "blocks": [{"size": 20 << 20, "state": "inactive", "frames": []}]},
+        {"device": 0, "address": 2 << 40, "total_size": G, "stream": 0, "segment_type": "large",
+         "blocks": [{"size": 600 << 20, "state": "active_allocated", "frames": []}, {"size": 424 << 20, "state": "inactive", "frames": []}]},
+    ],
+    "device_traces": [[
+        {"action": "free_completed", "addr": 12345, "size": 512, "stream": 0, "time_us": 1},
+        {"action": "alloc", "addr": 3 << 40, "size": 1 << 20, "stream": 0, "time_us": 2},
+        {"action": "segment_free", "addr": 5 << 40, "size": G, "stream": 0, "time_us": 3},
+        {"action": "oom", "device_free": 0, "size": G, "stream": 0, "time_us": 4},
+    ]],
+}
+write("contradictory.pickle", pickle.dumps(contradictory, protocol=4))
+# A zstd frame that claims 100 GB of content and holds a 4-byte pickle: frame header with an
+# 8-byte content size (single segment), then one raw last block.
+body = b"\x80\x04N."
+frame = b"\x28\xb5\x2f\xfd" + bytes([0xE0]) + struct.pack("<Q", 100 * 10**9)
+frame += struct.pack("<I", (len(body) << 3) | 1)[:3] + body
+write("zstd_claims_100gb.pickle.zst", frame)

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::util::*;
 
 /// File, and words its error message must contain.
-const CASES: [(&str, &[&str]); 15] = [
+const CASES: [(&str, &[&str]); 16] = [
     ("global_reduce.pickle", &["GLOBAL", "byte"]),
     ("stack_global.pickle", &["STACK_GLOBAL", "byte"]),
     ("huge_length.pickle", &["string length", "limit", "byte 2"]),
@@ -23,6 +23,7 @@ const CASES: [(&str, &[&str]); 15] = [
     ("trace_wrong_type.pickle", &["size", "non-negative int", "str"]),
     ("truncated.pickle", &["byte"]),
     ("deep_nesting.pickle", &["limit of 64"]),
+    ("zstd_claims_100gb.pickle.zst", &["zstd"]),
 ];
 
 /// Runs the CLI on a file under a 1 GiB address-space cap; returns (exit code, stderr).

@@ -172,6 +172,8 @@ fn bad_input_gets_a_4xx_naming_the_problem_and_the_server_keeps_serving() {
         ("random.bin", 415, "byte 0"),
         ("not_a_snapshot.pickle", 422, "segments"),
         ("truncated.pickle", 400, "byte"),
+        ("zstd_claims_100gb.pickle.zst", 400, "zstd"),
+        ("gigabyte_string.pickle", 413, "string length"),
     ];
     for (file, status, words) in cases {
         let r = TestServer::client().post(server.url("/api/v1/snapshots")).body(std::fs::read(hostile().join(file)).unwrap()).send().unwrap();

@@ -40,7 +40,8 @@ fn clean(text: &str, max: usize) -> String {
 
 pub async fn create(State(app): State<AppState>, headers: HeaderMap, Query(q): Query<CreateQuery>, request: Request) -> Result<(StatusCode, Json<Created>), ApiError> {
     app.authorize(&headers)?;
-    let got = upload::receive(request, app.store.temp_path(), app.config.max_upload).await?;
+    let idle = std::time::Duration::from_secs(app.config.request_timeout_secs);
+    let got = upload::receive(request, app.store.temp_path(), app.config.max_upload, idle).await?;
     let refuse = |e: ApiError, temp: &std::path::Path| {
         let _ = std::fs::remove_file(temp);
         Err(e)

@@ -1,0 +1,207 @@
+//! Hardening: crash safety (SIGKILL mid-upload, mid-analysis, mid-delete), slow clients,
+//! contradictory snapshots, unguessable ids, and no path out of the data directory.
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use reqwest::blocking::Body;
+use serde_json::Value;
+
+use crate::util::*;
+
+/// A body that sends `chunk` bytes every `every`, `total` in all (a slow or stalled client).
+struct Trickle {
+    left: u64,
+    chunk: usize,
+    every: Duration,
+    first: bool,
+}
+
+impl Read for Trickle {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        if !self.first {
+            std::thread::sleep(self.every);
+        }
+        let n = buf.len().min(self.chunk).min(self.left as usize);
+        for b in &mut buf[..n] {
+            *b = b'N';
+        }
+        if self.first {
+            buf[..2].copy_from_slice(b"\x80\x04");
+            self.first = false;
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+fn files_in(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    for e in entries.flatten() {
+        if e.file_type().unwrap().is_dir() {
+            out.extend(files_in(&e.path()));
+        } else {
+            out.push(e.path().display().to_string());
+        }
+    }
+    out
+}
+
+/// Every blob and results directory belongs to a snapshot the server lists.
+fn assert_no_orphans(server: &TestServer) {
+    let rows: Vec<Value> = serde_json::from_value(server.get_json("/api/v1/snapshots?limit=500")).unwrap();
+    let shas: Vec<&str> = rows.iter().map(|r| r["sha256"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    for blob in files_in(&server.data.join("blobs")) {
+        assert!(shas.iter().any(|s| blob.ends_with(s)), "orphan blob {blob}");
+    }
+    for entry in std::fs::read_dir(server.data.join("results")).unwrap().flatten() {
+        let name = entry.file_name().into_string().unwrap();
+        assert!(ids.contains(&name.as_str()), "orphan results {name}");
+    }
+    assert!(files_in(&server.data.join("tmp")).is_empty(), "temp files left");
+}
+
+#[test]
+fn a_kill_in_the_middle_of_an_upload_leaves_nothing_half_written() {
+    let mut server = TestServer::start(&[]);
+    let kept = server.upload(&snapshot_path("seed_frag_default"))["id"].as_str().unwrap().to_string();
+    server.wait_done(&kept);
+    let url = server.url("/api/v1/snapshots");
+    let sender = std::thread::spawn(move || {
+        let body = Body::new(Trickle { left: 100 << 20, chunk: 1 << 20, every: Duration::from_millis(50), first: true });
+        let _ = TestServer::client().post(url).body(body).send();
+    });
+    let tmp = server.data.join("tmp");
+    let start = Instant::now();
+    while files_in(&tmp).is_empty() && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!files_in(&tmp).is_empty(), "the upload never started");
+    server.kill();
+    sender.join().unwrap();
+    let data = server.data.clone();
+    let again = TestServer::start_in(&data, &[]);
+    assert_eq!(again.get_json(&format!("/api/v1/snapshots/{kept}"))["status"], "ready");
+    assert_eq!(again.get_json("/api/v1/snapshots").as_array().unwrap().len(), 1);
+    assert_no_orphans(&again);
+}
+
+#[test]
+fn a_kill_in_the_middle_of_an_analysis_runs_it_again() {
+    let mut server = TestServer::start(&["--analysis-workers", "1"]);
+    let r = TestServer::client().post(server.url("/api/v1/snapshots")).body(synthetic_snapshot(900_000)).send().unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let id = r.json::<Value>().unwrap()["id"].as_str().unwrap().to_string();
+    let start = Instant::now();
+    while server.get_json(&format!("/api/v1/snapshots/{id}"))["status"] != "analyzing" {
+        assert!(start.elapsed() < Duration::from_secs(30), "never analysing");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    server.kill();
+    let data = server.data.clone();
+    let again = TestServer::start_in(&data, &[]);
+    let s = again.wait_done(&id);
+    assert_eq!(s["status"], "ready", "the interrupted analysis ran again: {s}");
+    assert_eq!(again.get_json(&format!("/api/v1/snapshots/{id}/analysis"))["devices"][0]["trace"]["events"], 1 + 3 * 900_000);
+    assert_no_orphans(&again);
+}
+
+#[test]
+fn a_kill_during_a_delete_leaves_it_done_or_undone_never_half() {
+    for round in 0..3 {
+        let mut server = TestServer::start(&[]);
+        let a = server.upload(&snapshot_path("seed_frag_default"))["id"].as_str().unwrap().to_string();
+        let b = server.upload(&snapshot_path("two_devices"))["id"].as_str().unwrap().to_string();
+        server.wait_done(&a);
+        server.wait_done(&b);
+        let url = server.url(&format!("/api/v1/snapshots/{a}"));
+        let deleter = std::thread::spawn(move || {
+            let _ = TestServer::client().delete(url).send();
+        });
+        std::thread::sleep(Duration::from_millis(round * 3));
+        server.kill();
+        deleter.join().unwrap();
+        let data = server.data.clone();
+        let again = TestServer::start_in(&data, &[]);
+        let status = again.get(&format!("/api/v1/snapshots/{a}")).status().as_u16();
+        if status == 200 {
+            assert_eq!(again.get(&format!("/api/v1/snapshots/{a}/analysis")).status().as_u16(), 200, "half deleted");
+        } else {
+            assert_eq!(status, 404);
+        }
+        assert_eq!(again.get_json(&format!("/api/v1/snapshots/{b}"))["status"], "ready");
+        assert_no_orphans(&again);
+    }
+}
+
+#[test]
+fn a_client_sending_a_byte_a_second_is_cut_off_and_holds_no_analysis_slot() {
+    let server = TestServer::start(&["--request-timeout", "2", "--analysis-workers", "1"]);
+    let url = server.url("/api/v1/snapshots");
+    let slow = std::thread::spawn(move || {
+        let started = Instant::now();
+        let body = Body::new(Trickle { left: 1000, chunk: 1, every: Duration::from_secs(1), first: true });
+        let r = TestServer::client().post(url).body(body).send();
+        (started.elapsed(), r.map(|r| r.status().as_u16()).ok())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // Meanwhile others upload and get analysed.
+    let id = server.upload(&snapshot_path("seed_frag_default"))["id"].as_str().unwrap().to_string();
+    assert_eq!(server.wait_done(&id)["status"], "ready");
+    let (took, status) = slow.join().unwrap();
+    assert!(took < Duration::from_secs(20), "the slow client held on for {took:?}");
+    assert!(matches!(status, None | Some(408)), "slow client got {status:?}");
+    assert!(files_in(&server.data.join("tmp")).is_empty());
+}
+
+#[test]
+fn contradictory_snapshots_are_analysed_with_warnings() {
+    let path = hostile().join("contradictory.pickle");
+    let a = analyze_json(&path);
+    assert!(a["warnings"].as_array().unwrap().len() >= 2, "{}", a["warnings"]);
+    assert!(a["devices"][0]["replay"]["warnings"].as_u64().unwrap() > 0);
+    let server = TestServer::start(&[]);
+    let id = server.upload(&path)["id"].as_str().unwrap().to_string();
+    assert_eq!(server.wait_done(&id)["status"], "ready");
+    let page = server.get(&format!("/s/{id}")).text().unwrap();
+    assert!(page.contains("The file contradicts itself"), "the page shows the warnings");
+    assert_eq!(server.get(&format!("/api/v1/snapshots/{id}/devices/0/state?event=1")).status().as_u16(), 200);
+}
+
+#[test]
+fn ids_are_random_and_wrong_ids_and_paths_reach_nothing() {
+    let server = TestServer::start(&[]);
+    let ids: Vec<u128> = (1..=12)
+        .map(|k| {
+            let r = TestServer::client().post(server.url("/api/v1/snapshots")).body(synthetic_snapshot(k)).send().unwrap();
+            u128::from_str_radix(r.json::<Value>().unwrap()["id"].as_str().unwrap(), 16).unwrap()
+        })
+        .collect();
+    for (i, a) in ids.iter().enumerate() {
+        for b in &ids[i + 1..] {
+            let differ = (a ^ b).count_ones();
+            assert!((30..=98).contains(&differ), "ids {a:x} and {b:x} differ in only {differ} bits");
+        }
+    }
+    let unknown = server.get("/api/v1/snapshots/0123456789abcdef0123456789abcdef");
+    let malformed = server.get("/api/v1/snapshots/..%2F..%2Fetc%2Fpasswd");
+    assert_eq!(unknown.status().as_u16(), 404);
+    assert_eq!(malformed.status().as_u16(), 404);
+    assert_eq!(unknown.text().unwrap(), malformed.text().unwrap(), "a wrong id tells nothing");
+    for path in ["/static/../../../../etc/passwd", "/static/%2e%2e/%2e%2e/etc/passwd", "/s/..%2F..%2Ffragscope.db", "/api/v1/snapshots/..%2Ffragscope.db/blob"] {
+        let r = server.get(path);
+        assert_eq!(r.status().as_u16(), 404, "{path}");
+        assert!(!r.text().unwrap().contains("root:"), "{path}");
+    }
+    let r = server.get("/");
+    for (h, want) in [("x-content-type-options", "nosniff"), ("referrer-policy", "no-referrer")] {
+        assert_eq!(r.headers()[h], want);
+    }
+    let csp = r.headers()["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("frame-ancestors 'none'") && csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"), "{csp}");
+}
