@@ -27,6 +27,10 @@ pub struct Config {
     /// Analyses run at once (they are CPU-heavy); more uploads wait in a queue.
     #[arg(long, env = "FRAGSCOPE_ANALYSIS_WORKERS", default_value_t = 2)]
     pub analysis_workers: usize,
+    /// Memory that analyses and parsed snapshots may use together (e.g. 8GiB); uploads wait
+    /// in the queue for it. Default: half of the machine's memory.
+    #[arg(long, env = "FRAGSCOPE_ANALYSIS_MEMORY", value_parser = parse_size)]
+    pub analysis_memory: Option<u64>,
     /// Snapshots kept parsed in memory for state-at-event queries.
     #[arg(long, env = "FRAGSCOPE_LOADED_SNAPSHOTS", default_value_t = 4)]
     pub loaded_snapshots: usize,
@@ -47,7 +51,19 @@ impl Config {
             analysis_workers: 2,
             loaded_snapshots: 4,
             request_timeout_secs: 30,
+            analysis_memory: None,
         }
+    }
+
+    /// The memory budget in bytes: `--analysis-memory`, or half of the machine's memory.
+    pub fn memory_budget(&self) -> u64 {
+        self.analysis_memory.unwrap_or_else(|| {
+            let total = std::fs::read_to_string("/proc/meminfo")
+                .ok()
+                .and_then(|m| m.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+                .map(|kib| kib * 1024);
+            total.unwrap_or(8 << 30) / 2
+        })
     }
 }
 

@@ -18,6 +18,12 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// About what it holds in memory: the events, and the replays' checkpoints.
+    pub fn bytes(&self) -> u64 {
+        let events = self.snapshot.events.len() as u64;
+        events * 32 + self.replays.iter().map(|r| (r.event_count() as u64 / crate::replay::CHECKPOINT_EVERY as u64 + 2) * (256 << 10)).sum::<u64>()
+    }
+
     pub fn device(&self, device: i64) -> Option<(usize, &crate::snapshot::Device)> {
         self.snapshot.devices.iter().enumerate().find(|(_, d)| d.device == device)
     }
@@ -25,14 +31,16 @@ impl Entry {
 
 pub struct Loaded {
     capacity: usize,
+    /// Bytes the held snapshots may take together (the newest is always kept).
+    max_bytes: u64,
     entries: Mutex<VecDeque<(String, Arc<Entry>)>>,
     /// One parse at a time: parsing is CPU- and memory-heavy.
     loading: tokio::sync::Mutex<()>,
 }
 
 impl Loaded {
-    pub fn new(capacity: usize) -> Loaded {
-        Loaded { capacity: capacity.max(1), entries: Mutex::new(VecDeque::new()), loading: tokio::sync::Mutex::new(()) }
+    pub fn new(capacity: usize, max_bytes: u64) -> Loaded {
+        Loaded { capacity: capacity.max(1), max_bytes, entries: Mutex::new(VecDeque::new()), loading: tokio::sync::Mutex::new(()) }
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Entry>> {
@@ -49,6 +57,9 @@ impl Loaded {
         entries.retain(|(k, _)| k != id);
         entries.push_front((id.to_string(), entry));
         entries.truncate(self.capacity);
+        while entries.len() > 1 && entries.iter().map(|(_, e)| e.bytes()).sum::<u64>() > self.max_bytes {
+            entries.pop_back();
+        }
     }
 
     pub fn remove(&self, id: &str) {

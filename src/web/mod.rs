@@ -109,8 +109,12 @@ async fn not_found(uri: axum::http::Uri) -> axum::response::Response {
 pub async fn serve(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let store = Arc::new(Store::open(&config.data_dir).await?);
     store.clean_after_crash().await?;
-    let loaded = Arc::new(Loaded::new(config.loaded_snapshots));
-    let worker = Worker::start(store.clone(), loaded.clone(), config.analysis_workers);
+    // Three quarters of the memory budget for analyses at work, a quarter for parsed snapshots
+    // kept for queries.
+    let budget = config.memory_budget();
+    let loaded = Arc::new(Loaded::new(config.loaded_snapshots, budget / 4));
+    let worker = Worker::start(store.clone(), loaded.clone(), config.analysis_workers, budget / 4 * 3);
+    tracing::info!(budget_mib = budget >> 20, "memory budget");
     for id in store.meta.unfinished().await? {
         tracing::info!(id, "analysis interrupted by a stop: running it again");
         worker.enqueue(&id);

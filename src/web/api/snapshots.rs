@@ -55,6 +55,7 @@ pub async fn create(State(app): State<AppState>, headers: HeaderMap, Query(q): Q
     }
     if got.bytes <= CHECK_BEFORE_ANSWER {
         let _slot = app.worker.slots.acquire().await.map_err(|e| ApiError::Internal(e.to_string()))?;
+        let _memory = app.worker.reserve_memory(crate::worker::memory_estimate(got.bytes, &got.head)).await;
         let temp = got.temp.clone();
         let checked = tokio::task::spawn_blocking(move || ingest::ingest_path(&temp, &ingest::Options::default()).map(|_| ())).await;
         match checked {

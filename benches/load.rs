@@ -1,0 +1,137 @@
+//! `cargo bench --bench load`: the server under load, on loopback.
+//!
+//! 1. Eight clients upload the real 243 MiB big_trace at once (each copy ends with a different
+//!    byte after the pickle's STOP, so none is a duplicate and all eight are analysed) under a
+//!    1.5 GiB `--analysis-memory`; the server's RSS is sampled until all are ready.
+//! 2. Thirty seconds of mixed reads (the share page, the analysis JSON, a binary timeline) from
+//!    16 client threads; requests per second, latency percentiles and errors.
+//!
+//! Prints the figures; asserts nothing (machines are noisy).
+
+#[path = "common.rs"]
+mod common;
+
+use std::io::{BufRead, Read};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BUDGET: u64 = 1536 << 20;
+const CLIENTS: usize = 8;
+
+fn rss_kib(pid: u32, key: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0)
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let Some(snapshot) = common::big_trace() else {
+        println!("big_trace.pickle.xz not found beside the checkout; set FRAGSCOPE_BIG_TRACE");
+        return;
+    };
+    let size = std::fs::metadata(&snapshot).unwrap().len();
+    let data = tempfile::tempdir().unwrap();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+        .args(["serve", "--addr", "127.0.0.1:0", "--analysis-memory", &BUDGET.to_string(), "--data-dir"])
+        .arg(data.path().join("data"))
+        .env("FRAGSCOPE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = server.id();
+    let mut line = String::new();
+    std::io::BufReader::new(server.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let base = line.trim().rsplit(' ').next().unwrap().to_string();
+    let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(900)).build().unwrap();
+
+    let done = Arc::new(AtomicBool::new(false));
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let (done, peak) = (done.clone(), peak.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                peak.fetch_max(rss_kib(pid, "VmRSS:"), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let t = Instant::now();
+    let uploads: Vec<_> = (0..CLIENTS)
+        .map(|k| {
+            let (http, base, path) = (http.clone(), base.clone(), snapshot.clone());
+            std::thread::spawn(move || {
+                let body = std::fs::File::open(&path).unwrap().chain(std::io::Cursor::new(vec![k as u8]));
+                let r = http.post(format!("{base}/api/v1/snapshots")).body(reqwest::blocking::Body::sized(body, size + 1)).send().unwrap();
+                assert_eq!(r.status().as_u16(), 202);
+                r.json::<Value>().unwrap()["id"].as_str().unwrap().to_string()
+            })
+        })
+        .collect();
+    let ids: Vec<String> = uploads.into_iter().map(|h| h.join().unwrap()).collect();
+    let uploaded = t.elapsed().as_secs_f64();
+    for id in &ids {
+        loop {
+            let s: Value = http.get(format!("{base}/api/v1/snapshots/{id}")).send().unwrap().json().unwrap();
+            if s["status"] == "ready" {
+                break;
+            }
+            assert_ne!(s["status"], "failed", "{s}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let all_ready = t.elapsed().as_secs_f64();
+    done.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    let hwm = rss_kib(pid, "VmHWM:").max(peak.load(Ordering::Relaxed));
+    println!("{CLIENTS} clients uploading {} MiB each at once, --analysis-memory {} MiB:", size >> 20, BUDGET >> 20);
+    println!("  all uploaded after {uploaded:.1} s, all analysed after {all_ready:.1} s");
+    println!("  server peak RSS {} MiB (budget {} MiB)\n", hwm >> 10, BUDGET >> 20);
+
+    // Read load.
+    let stop = Instant::now() + Duration::from_secs(30);
+    let latencies = Arc::new(Mutex::new(Vec::new()));
+    let errors = Arc::new(AtomicU64::new(0));
+    let readers: Vec<_> = (0..16)
+        .map(|k| {
+            let (http, base, ids, latencies, errors) = (http.clone(), base.clone(), ids.clone(), latencies.clone(), errors.clone());
+            std::thread::spawn(move || {
+                let mut mine = Vec::new();
+                let mut i = k;
+                while Instant::now() < stop {
+                    let id = &ids[i % ids.len()];
+                    let path = match i % 3 {
+                        0 => format!("/s/{id}"),
+                        1 => format!("/api/v1/snapshots/{id}/analysis"),
+                        _ => format!("/api/v1/snapshots/{id}/devices/0/timeline?start={}&end={}&points=1200&format=bin", (i * 7919) % 2_000_000, 3_000_000),
+                    };
+                    let t = Instant::now();
+                    match http.get(format!("{base}{path}")).send().and_then(|r| r.error_for_status()).and_then(|r| r.bytes()) {
+                        Ok(_) => mine.push(t.elapsed().as_secs_f64() * 1e3),
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    i += 16;
+                }
+                latencies.lock().unwrap().extend(mine);
+            })
+        })
+        .collect();
+    for r in readers {
+        r.join().unwrap();
+    }
+    let mut l = latencies.lock().unwrap().clone();
+    l.sort_by(f64::total_cmp);
+    let pct = |p: f64| l[((l.len() as f64 * p) as usize).min(l.len() - 1)];
+    println!("30 s of mixed reads (share page, analysis JSON, binary timeline) from 16 threads:");
+    println!("| requests/s | p50 | p99 | errors |");
+    println!("|---|---|---|---|");
+    println!("| {:.0} | {:.1} ms | {:.1} ms | {} |", l.len() as f64 / 30.0, pct(0.5), pct(0.99), errors.load(Ordering::Relaxed));
+    let _ = server.kill();
+}
