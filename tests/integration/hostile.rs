@@ -79,3 +79,27 @@ fn truncated_compressed_files_are_errors() {
         assert!(r.is_err(), "zstd cut at {cut} accepted");
     }
 }
+
+/// Ten million trace entries of one key each (`{'action': 'snapshot'}`, key and value
+/// memoized), about 80 MB: a valid snapshot, analysed within bounded time and memory.
+#[test]
+fn ten_million_tiny_events_are_analysed_in_bounded_time_and_memory() {
+    let mut p = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](]".to_vec();
+    // The first event memoizes the key (memo 0) and the value (memo 1); the rest refer to them.
+    p.extend_from_slice(b"}\x8c\x06action\x94\x8c\x08snapshot\x94sa");
+    let (key, value) = (0u8, 1u8);
+    for _ in 1..10_000_000 {
+        p.extend_from_slice(&[b'}', b'h', key, b'h', value, b's', b'a']);
+    }
+    p.extend_from_slice(b"eu.");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.pickle");
+    std::fs::write(&path, &p).unwrap();
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c").arg("ulimit -v 3145728; exec \"$0\" analyze --json \"$1\"").arg(bin()).arg(&path);
+    let out = run_bounded(cmd, Duration::from_secs(120));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let a: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(a["devices"][0]["trace"]["events"], 10_000_000);
+    assert_eq!(a["devices"][0]["trace"]["actions"]["snapshot"], 10_000_000);
+}
