@@ -125,17 +125,24 @@ impl Prefetch {
     /// The next bytes, without consuming them (empty at the end of the input).
     fn peek(&mut self) -> std::io::Result<&[u8]> {
         if self.pos == self.current.len() {
-            match self.chunks.recv() {
-                Ok(Ok(chunk)) => {
-                    let spent = std::mem::replace(&mut self.current, chunk);
-                    let _ = self.spent.send(spent);
-                    self.pos = 0;
-                }
-                Ok(Err(e)) => return Err(e),
-                Err(_) => {}
-            }
+            self.next_chunk()?;
         }
         Ok(&self.current[self.pos..])
+    }
+
+    /// Takes the next chunk from the reading thread (handing the spent one back); false at the
+    /// end of the input.
+    fn next_chunk(&mut self) -> std::io::Result<bool> {
+        match self.chunks.recv() {
+            Ok(Ok(chunk)) => {
+                let spent = std::mem::replace(&mut self.current, chunk);
+                let _ = self.spent.send(spent);
+                self.pos = 0;
+                Ok(true)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Ok(false),
+        }
     }
 
     /// Drops the decoder's side and waits for the hash of the whole input.
@@ -161,16 +168,8 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 
 impl Read for Prefetch {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if self.pos == self.current.len() {
-            match self.chunks.recv() {
-                Ok(Ok(chunk)) => {
-                    let spent = std::mem::replace(&mut self.current, chunk);
-                    let _ = self.spent.send(spent);
-                    self.pos = 0;
-                }
-                Ok(Err(e)) => return Err(e),
-                Err(_) => return Ok(0),
-            }
+        if self.pos == self.current.len() && !self.next_chunk()? {
+            return Ok(0);
         }
         let n = buf.len().min(self.current.len() - self.pos);
         buf[..n].copy_from_slice(&self.current[self.pos..self.pos + n]);

@@ -35,16 +35,7 @@ pub fn derive(device: &Device, events: &[Event], rules: &Rules, hints: &dyn Segm
     let mut mapped: Vec<(u64, u64, SegmentRec)> = Vec::new();
     let mut live: HashMap<u64, Live> = HashMap::new();
     for s in &device.segments {
-        let rec = SegmentRec {
-            address: s.address,
-            size: s.total_size,
-            stream: s.stream,
-            pool: s.pool,
-            expandable: s.is_expandable,
-            created: NIL,
-            stack: s.stack,
-            ..SegmentRec::empty()
-        };
+        let rec = SegmentRec::from_segment(s);
         if s.is_expandable {
             interval_add(&mut mapped, s.address, s.address + s.total_size, rec);
         } else {

@@ -150,15 +150,7 @@ impl Replay {
 pub fn final_state(device: &Device) -> State {
     let mut state = State::new();
     for s in &device.segments {
-        let rec = SegmentRec {
-            address: s.address,
-            size: s.total_size,
-            stream: s.stream,
-            pool: s.pool,
-            expandable: s.is_expandable,
-            stack: s.stack,
-            ..SegmentRec::empty()
-        };
+        let rec = SegmentRec::from_segment(s);
         let blocks = s
             .blocks
             .iter()

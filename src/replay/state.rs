@@ -27,6 +27,21 @@ pub struct BlockRec {
     pub(super) next: u32,
 }
 
+impl SegmentRec {
+    /// A segment of the final `segments`, as replay keeps it (no blocks yet).
+    pub fn from_segment(s: &crate::snapshot::Segment) -> SegmentRec {
+        SegmentRec {
+            address: s.address,
+            size: s.total_size,
+            stream: s.stream,
+            pool: s.pool,
+            expandable: s.is_expandable,
+            stack: s.stack,
+            ..SegmentRec::empty()
+        }
+    }
+}
+
 impl BlockRec {
     /// An inactive block (its segment and links are set when it is inserted).
     pub fn free(address: u64, size: u64) -> BlockRec {

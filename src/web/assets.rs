@@ -25,6 +25,7 @@ pub const ASSETS: &[(&str, &str, &[u8])] = assets! {
     "js/data/fragment.js" => "text/javascript; charset=utf-8",
     "js/data/layout.js" => "text/javascript; charset=utf-8",
     "js/data/colors.js" => "text/javascript; charset=utf-8",
+    "js/draw/canvas.js" => "text/javascript; charset=utf-8",
     "js/draw/segmap.js" => "text/javascript; charset=utf-8",
     "js/draw/timeline.js" => "text/javascript; charset=utf-8",
     "js/draw/active.js" => "text/javascript; charset=utf-8",

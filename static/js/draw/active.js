@@ -2,18 +2,12 @@
 // events. The server aggregates (a few top call sites and "other"), so three million events
 // draw as a few hundred columns.
 
+import { fit as fitCanvas } from "./canvas.js";
 import { siteColor, siteKey } from "../data/colors.js";
 import { bytes, site } from "../data/format.js";
 
 export function drawActive(canvas, legend, data) {
-  const dpr = window.devicePixelRatio || 1;
-  const w = canvas.clientWidth;
-  const h = canvas.clientHeight;
-  canvas.width = Math.round(w * dpr);
-  canvas.height = Math.round(h * dpr);
-  const ctx = canvas.getContext("2d");
-  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-  ctx.clearRect(0, 0, w, h);
+  const { ctx, w, h } = fitCanvas(canvas);
   legend.replaceChildren();
   const n = data.event.length;
   if (n === 0) return;

@@ -2,6 +2,7 @@
 // free gaps pinned by live blocks hatched and outlined, the live blocks that pin them outlined.
 // Only visible rows are drawn, and a row never needs more shapes than it has pixels.
 
+import { fit as fitCanvas } from "./canvas.js";
 import { LABEL, ROW, BAR, order, fit, runs, hit, rowAt, zoom } from "../data/layout.js";
 import { FREE, PINNED, PENDING, siteColor, siteKey } from "../data/colors.js";
 import { bytes, site } from "../data/format.js";
@@ -73,16 +74,7 @@ export class SegMap {
 
   draw() {
     const c = this.canvas;
-    const dpr = window.devicePixelRatio || 1;
-    const w = c.clientWidth;
-    const h = c.clientHeight;
-    if (c.width !== Math.round(w * dpr) || c.height !== Math.round(h * dpr)) {
-      c.width = Math.round(w * dpr);
-      c.height = Math.round(h * dpr);
-    }
-    const ctx = c.getContext("2d");
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, w, h);
+    const { ctx, w, h } = fitCanvas(c);
     if (!this.hatch) this.hatch = makeHatch(ctx);
     if (!this.map) return;
     const width = this.barWidth();

@@ -2,6 +2,7 @@
 // (min-max bands from the server's buckets), OOM markers, segment creations, and a cursor that
 // is dragged or stepped with the arrow keys. Shift-drag selects a range to zoom into.
 
+import { fit as fitCanvas } from "./canvas.js";
 import { bucketOf, peak, growth } from "../data/columns.js";
 import { bytes } from "../data/format.js";
 
@@ -45,16 +46,7 @@ export class Timeline {
 
   draw() {
     const c = this.canvas;
-    const dpr = window.devicePixelRatio || 1;
-    const w = c.clientWidth;
-    const h = c.clientHeight;
-    if (c.width !== Math.round(w * dpr) || c.height !== Math.round(h * dpr)) {
-      c.width = Math.round(w * dpr);
-      c.height = Math.round(h * dpr);
-    }
-    const ctx = c.getContext("2d");
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, w, h);
+    const { ctx, w, h } = fitCanvas(c);
     const tl = this.tl;
     if (!tl || tl.n === 0) return;
     const top = peak(tl, ["reserved_bytes"]) * 1.05 || 1;
