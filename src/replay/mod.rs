@@ -100,6 +100,8 @@ impl Replay {
         }
         observer.start(&init.state);
         let mut state = init.state.clone();
+        // Without checkpoints nobody asks for the largest free block at each event.
+        state.track_largest_free = checkpoints;
         let mut checkpoints = Vec::with_capacity(events.len() / every.min(events.len().max(1)));
         for (i, e) in events.iter().enumerate() {
             if let Some(w) = apply::apply(&mut state, e, i as u32, &rules, &hints) {

@@ -126,19 +126,25 @@ pub struct State {
     segments: Vec<SegmentRec>,
     free_segments: Vec<u32>,
     seg_by_addr: BTreeMap<u64, u32>,
-    /// Multiset of inactive block sizes, for the largest free block.
+    /// Multiset of inactive block sizes, for the largest free block at every event.
     free_sizes: BTreeMap<u64, u32>,
+    /// Whether `free_sizes` is kept (a replay for a one-shot report does without).
+    pub track_largest_free: bool,
     pub totals: Totals,
 }
 
 impl State {
     pub fn new() -> State {
-        State { by_addr: HashMap::new(), ..State::default() }
+        State { by_addr: HashMap::new(), track_largest_free: true, ..State::default() }
     }
 
     /// The largest inactive block anywhere.
     pub fn largest_free(&self) -> u64 {
-        self.free_sizes.last_key_value().map(|(s, _)| *s).unwrap_or(0)
+        if self.track_largest_free {
+            return self.free_sizes.last_key_value().map(|(s, _)| *s).unwrap_or(0);
+        }
+        let free = self.blocks.iter().enumerate().filter(|(i, b)| b.state == BlockState::Inactive && !self.free_blocks.contains(&(*i as u32)));
+        free.map(|(_, b)| b.size).max().unwrap_or(0)
     }
 
     pub fn segment(&self, seg: u32) -> &SegmentRec {
@@ -188,6 +194,7 @@ impl State {
         let pinned_before = if s.live > 0 && pins { s.inactive } else { 0 };
         let sign = |v: &mut u64, by: u64| if add { *v += by } else { *v -= by };
         match state {
+            BlockState::Inactive if !self.track_largest_free => sign(&mut s.inactive, size),
             BlockState::Inactive => {
                 sign(&mut s.inactive, size);
                 let count = self.free_sizes.entry(size).or_insert(0);
