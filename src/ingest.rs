@@ -77,6 +77,14 @@ impl fmt::Display for IngestError {
 
 impl std::error::Error for IngestError {}
 
+impl IngestError {
+    /// The input passed one of the reader's size, count or depth limits (rather than being
+    /// malformed): what a server answers with 413.
+    pub fn is_over_limit(&self) -> bool {
+        matches!(self, IngestError::Read { error, .. } if matches!(error.kind, reader::ErrorKind::Limit { .. }))
+    }
+}
+
 /// Reads, hashes and counts the raw bytes on a thread of its own, one chunk ahead of the
 /// decoder, so hashing and I/O overlap parsing (sha256 alone is a tenth of a big ingest).
 struct Prefetch {

@@ -9,7 +9,8 @@
 //! 2. [`snapshot`]: values to the typed model (segments, blocks, compact events, stacks).
 //! 3. [`ingest`]: the only caller of the reader: sniffs and decompresses, then 1 and 2.
 //! 4. [`replay`]: the allocator's state right after any event; checkpoints; observers.
-//! 5. [`analysis`]: every number reported about a snapshot, and the diagnosis.
+//! 5. [`analysis`]: every number reported about a snapshot, and the diagnosis;
+//!    [`simulate`]: the trace replayed through a model of the allocator under other settings.
 //! 6. [`store`]: every file write and SQL query: uploads, metadata, results.
 //! 7. [`worker`] and [`loaded`]: background analysis of uploads; parsed snapshots in memory.
 //! 8. [`web`]: the HTTP API and pages; [`cli`]: the `fragscope` command; [`config`].

@@ -19,7 +19,7 @@ pub enum ErrorKind {
     /// A byte that is no pickle opcode, or one this reader does not implement.
     UnknownOpcode(u8),
     UnsupportedProtocol(u8),
-    /// A named limit from [`crate::reader::Limits`] would be exceeded.
+    /// A named limit from [`super::Limits`] would be exceeded.
     Limit { what: &'static str, limit: u64 },
     /// A memo get of an index that was never put.
     MemoMissing(u64),

@@ -7,7 +7,6 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::ingest::IngestError;
-use crate::reader::ErrorKind;
 
 #[derive(Debug)]
 pub enum ApiError {
@@ -79,7 +78,7 @@ impl From<IngestError> for ApiError {
     fn from(e: IngestError) -> Self {
         let msg = e.to_string();
         match &e {
-            IngestError::Read { error, .. } if matches!(error.kind, ErrorKind::Limit { .. }) => ApiError::TooLarge(msg),
+            _ if e.is_over_limit() => ApiError::TooLarge(msg),
             IngestError::Read { .. } | IngestError::Empty => ApiError::BadRequest(msg),
             IngestError::Unsupported(_) => ApiError::UnsupportedMedia(msg),
             IngestError::Model { .. } => ApiError::NotASnapshot(msg),

@@ -235,12 +235,14 @@ for seg in s['segments']:
         poison(b['frames'])
 for e in s['device_traces'][0]:
     poison(e.get('frames', []))
+    e['user_metadata'] = '<script>window.__pwned=5</script>'
+    e['compile_context'] = '<img src=x onerror="window.__pwned=6">'
 pickle.dump(s, open(sys.argv[2], 'wb'))
 print('null')
 "#;
 
 #[test]
-fn script_in_frame_names_file_names_and_notes_runs_nowhere() {
+fn script_in_frame_names_user_metadata_file_names_and_notes_runs_nowhere() {
     let Some(d) = driver() else { return };
     let dir = tempfile::tempdir().unwrap();
     let evil = dir.path().join("evil.pickle");

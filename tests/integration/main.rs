@@ -5,6 +5,7 @@ mod diagnosis;
 mod hardening;
 mod hostile;
 mod js;
+mod layering;
 mod notebook;
 mod reader_props;
 mod replay;
