@@ -122,16 +122,11 @@ pub fn analyze(snapshot: &Snapshot, source: Source, depth: Depth) -> Analyzed {
     Analyzed { analysis, replays, timelines }
 }
 
-/// Counts of allocations per (stack, rounded size), to find repeated big allocations.
-struct Sizes(HashMap<(StackId, u64), u64>);
-
 /// The observers of one forward pass.
 struct Pass<'a> {
     timeline: Timeline,
     series: bool,
     ooms: OomObserver<'a>,
-    sizes: Sizes,
-    rules: replay::Rules,
 }
 
 impl Observer for Pass<'_> {
@@ -142,9 +137,6 @@ impl Observer for Pass<'_> {
             self.timeline.track_peak(index, state);
         }
         self.ooms.event(index, e, state);
-        if e.action == Action::ALLOC {
-            *self.sizes.0.entry((e.stack, self.rules.round_size(e.size))).or_insert(0) += 1;
-        }
     }
 }
 
@@ -156,8 +148,6 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
         timeline: Timeline::new(if serve { events.len() } else { 0 }),
         series: serve,
         ooms: OomObserver { snapshot, ooms: Vec::new(), first_state: None },
-        sizes: Sizes(HashMap::new()),
-        rules: rules.clone(),
     };
     let replay = Replay::run_with(snapshot, d, &mut pass, depth != Depth::Report);
     let initial = replay.state_at(snapshot, None).totals;
@@ -180,13 +170,7 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
     let rhythm = rhythm::rhythm(&judged, &snapshot.stacks);
     let big = big_allocation(snapshot, events, &pass.ooms.ooms, &judged);
     let big_repeats = match &big {
-        Some((Some(site), size)) => pass
-            .sizes
-            .0
-            .iter()
-            .filter(|((stack, rounded), _)| rounded == size && call_site(&snapshot.stacks, *stack).as_ref() == Some(site))
-            .map(|(_, n)| n)
-            .sum(),
+        Some((Some(site), size)) => repeats(snapshot, events, &rules, site, *size),
         _ => 0,
     };
     let final_state = counters(&d.segments);
@@ -220,6 +204,16 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
         },
     };
     (analysis, replay, pass.timeline)
+}
+
+/// How many times `site` allocated `size` bytes (rounded) in the trace.
+fn repeats(snapshot: &Snapshot, events: &[Event], rules: &replay::Rules, site: &sites::CallSite, size: u64) -> u64 {
+    let mut at_site: HashMap<StackId, bool> = HashMap::new();
+    events
+        .iter()
+        .filter(|e| e.action == Action::ALLOC && rules.round_size(e.size) == size)
+        .filter(|e| *at_site.entry(e.stack).or_insert_with(|| call_site(&snapshot.stacks, e.stack).as_ref() == Some(site)))
+        .count() as u64
 }
 
 /// Runs each applicable remedy through the allocator model, within the budget the job had
