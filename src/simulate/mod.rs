@@ -270,6 +270,7 @@ impl Sim<'_> {
 /// Simulates one device's trace under `settings`.
 pub fn simulate(snapshot: &Snapshot, device: &Device, settings: &Settings) -> Result<Outcome, String> {
     let (rules, conf) = match &settings.conf {
+        Some(c) if c.trim().is_empty() => (parse_conf(c)?, "(the default allocator)".to_string()),
         Some(c) => (parse_conf(c)?, c.clone()),
         None => (Rules::from_settings(snapshot.allocator_settings.as_ref()), "(the snapshot's own settings)".to_string()),
     };

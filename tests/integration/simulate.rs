@@ -142,3 +142,40 @@ fn the_api_simulates_too() {
     let r = server.get(&format!("/api/v1/snapshots/{id}/devices/0/simulate?conf=bogus:1"));
     assert_eq!(r.status().as_u16(), 400);
 }
+
+/// "2.42 GiB is allocated by PyTorch" -> bytes, from torch's OOM message.
+fn message_bytes(msg: &str, marker: &str) -> f64 {
+    let head = &msg[..msg.find(marker).unwrap()];
+    let w: Vec<&str> = head.split_whitespace().collect();
+    let unit = match w[w.len() - 1] {
+        "GiB" => 1073741824.0,
+        "MiB" => 1048576.0,
+        other => panic!("unit {other}"),
+    };
+    w[w.len() - 2].parse::<f64>().unwrap() * unit
+}
+
+#[test]
+fn the_dynamic_workload_dies_under_the_default_allocator_as_the_real_run_did() {
+    // dynamic_maxsplit128 ran the same seeded workload as the real default run, which died.
+    let real = truth("dynamic_default");
+    let msg = real["info"]["oom"].as_str().unwrap();
+    let cap = real["info"]["cap_bytes"].as_u64().unwrap().to_string();
+    let o = simulate(&snapshot_path("dynamic_maxsplit128"), &["--conf", "", "--capacity", &cap]);
+    let oom = &o["oom"];
+    assert!(oom.is_object(), "the default allocator must run out of memory: {o}");
+    let gib = |v: f64| v / 1073741824.0;
+    let (alloc, reserved) = (oom["allocated_bytes"].as_f64().unwrap(), oom["reserved_bytes"].as_f64().unwrap());
+    assert!((gib(alloc) - gib(message_bytes(msg, "is allocated by PyTorch"))).abs() < 0.005, "allocated {alloc} vs {msg}");
+    let unallocated = message_bytes(msg, "is reserved by PyTorch but unallocated");
+    assert!((gib(reserved - alloc) - gib(unallocated)).abs() < 0.005, "reserved {reserved} vs {msg}");
+    let tried = msg.split("Tried to allocate ").nth(1).unwrap().split(". GPU").next().unwrap();
+    assert!((gib(oom["requested_bytes"].as_f64().unwrap()) - gib(message_bytes(&format!("{tried} x"), " x"))).abs() < 0.005, "{tried}");
+}
+
+#[test]
+fn the_gpt_run_under_expandable_segments_peaks_where_the_real_one_did() {
+    let want = truth("train_gpt_expandable")["memory_stats"]["reserved_bytes.all.peak"].as_u64().unwrap();
+    let got = simulate(&snapshot_path("train_gpt_default"), &["--conf", "expandable_segments:True"])["peak_reserved_bytes"].as_u64().unwrap();
+    assert!(pct(got, want) <= 1.0, "predicted {got}, real {want}");
+}
