@@ -216,6 +216,12 @@ impl Allocator {
     /// region with room for the request, joined with the free mapped block before it; None if
     /// mapping them would pass the budget.
     fn expandable_block(&mut self, key: PoolKey, stream: u16, rounded: u64) -> Option<u32> {
+        // `alloc_block` checks the budget against the request's whole allocation size before
+        // it maps anything, however few pages the request then needs (learned from the real
+        // dynamic_expandable run, whose allocator released cached pages at this check).
+        if !self.fits_budget(Rules::segment_size(rounded)) {
+            return None;
+        }
         if !self.expandable.contains_key(&(key, stream)) {
             let addr = self.next_addr;
             self.next_addr += EXPANDABLE_SPAN;
