@@ -184,7 +184,7 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
         big_repeats,
     });
     let mut diagnosis = diagnosis;
-    predict(snapshot, d, &pass.ooms.ooms, &mut diagnosis);
+    predict(snapshot, d, &pass.ooms.ooms, peak.reserved_bytes, &mut diagnosis);
     let analysis = DeviceAnalysis {
         device: d.device,
         final_state,
@@ -216,28 +216,32 @@ fn repeats(snapshot: &Snapshot, events: &[Event], rules: &replay::Rules, site: &
         .count() as u64
 }
 
-/// Runs each applicable remedy through the allocator model, within the budget the job had
-/// (the memory reserved at its first OOM: the real limit is at least that), and says what it
-/// predicts. Only for traces that ran out of memory: otherwise there is nothing to save.
-fn predict(snapshot: &Snapshot, d: &Device, ooms: &[Oom], diagnosis: &mut Diagnosis) {
-    let Some(first) = ooms.first() else { return };
-    let budget = first.reserved_bytes;
+/// Runs each applicable remedy through the allocator model and says what it predicts. For a
+/// run that ran out of memory, within the budget the job had (the memory reserved at its first
+/// OOM: the real limit is at least that); otherwise without a budget, as a peak to compare
+/// with the real one.
+fn predict(snapshot: &Snapshot, d: &Device, ooms: &[Oom], real_peak: u64, diagnosis: &mut Diagnosis) {
+    let budget = ooms.first().map(|o| o.reserved_bytes);
     for r in diagnosis.remedies.iter_mut().filter(|r| r.applies) {
         let settings = match r.kind {
             "expandable_segments" | "max_split_size" => {
                 let conf = r.setting_or_code.trim_start_matches("PYTORCH_CUDA_ALLOC_CONF=").to_string();
-                crate::simulate::Settings { conf: Some(conf), capacity: Some(budget), ..Default::default() }
+                crate::simulate::Settings { conf: Some(conf), capacity: budget, ..Default::default() }
             }
-            "mempool" => crate::simulate::Settings { capacity: Some(budget), mempool: r.site.clone(), ..Default::default() },
-            "reuse_buffer" => crate::simulate::Settings { capacity: Some(budget), reuse: r.site.clone(), ..Default::default() },
+            "mempool" => crate::simulate::Settings { capacity: budget, mempool: r.site.clone(), ..Default::default() },
+            "reuse_buffer" => crate::simulate::Settings { capacity: budget, reuse: r.site.clone(), ..Default::default() },
             _ => continue,
         };
-        if let Ok(o) = crate::simulate::simulate(snapshot, d, &settings) {
-            r.predicted = Some(match o.oom {
-                None => format!("no OOM within the same {}, peak {}", crate::units::bytes(budget), crate::units::bytes(o.peak_reserved_bytes)),
-                Some(x) => format!("still out of memory, at event {}", x.event_index),
-            });
-        }
+        let Ok(o) = crate::simulate::simulate(snapshot, d, &settings) else { continue };
+        let peak = crate::units::bytes(o.peak_reserved_bytes);
+        r.predicted = Some(match (budget, o.oom) {
+            (Some(b), None) => format!("no OOM within the same {}, peak {peak}", crate::units::bytes(b)),
+            (Some(_), Some(x)) => format!("still out of memory, at event {}", x.event_index),
+            (None, _) if o.peak_reserved_bytes > real_peak => {
+                format!("peak {peak} reserved, more than the real {}: it would cost more than it saves here", crate::units::bytes(real_peak))
+            }
+            (None, _) => format!("peak {peak} reserved (really {})", crate::units::bytes(real_peak)),
+        });
     }
 }
 
