@@ -122,7 +122,13 @@ fn replay_table(path: &Path) {
     println!("| step | time | target |");
     println!("|---|---|---|");
     println!("| ingest (read + model) | {ing:.2} s | |");
-    println!("| replay index + all series + analysis | {ana:.2} s ({:.0}% of ingest) | at most 50% of ingest |", 100.0 * ana / ing);
+    println!(
+        "| replay index + all series + analysis | {ana:.2} s ({:.0}% of ingest) | at most 50% of ingest |",
+        100.0 * ana / ing
+    );
     println!("| state at a random event (median of 100) | {:.2} ms | under 20 ms |", median_of(state_ms));
-    println!("| simulate the whole trace under another setting | {:.2} s | less than ingest ({ing:.2} s) |", median_of(sim_s));
+    println!(
+        "| simulate the whole trace under another setting | {:.2} s | less than ingest ({ing:.2} s) |",
+        median_of(sim_s)
+    );
 }

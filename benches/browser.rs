@@ -44,7 +44,13 @@ fn main() {
     let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(600)).build().unwrap();
     let t = Instant::now();
     let file = std::fs::File::open(&snapshot).unwrap();
-    let created: Value = http.post(format!("{base}/api/v1/snapshots")).body(reqwest::blocking::Body::new(file)).send().unwrap().json().unwrap();
+    let created: Value = http
+        .post(format!("{base}/api/v1/snapshots"))
+        .body(reqwest::blocking::Body::new(file))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
     let upload_s = t.elapsed().as_secs_f64();
     let id = created["id"].as_str().unwrap().to_string();
     loop {
@@ -57,7 +63,12 @@ fn main() {
     }
     let stored_s = t.elapsed().as_secs_f64();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut driver = Command::new("/usr/bin/chromedriver").arg(format!("--port={port}")).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut driver = Command::new("/usr/bin/chromedriver")
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let profile = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -135,10 +146,23 @@ fn main() {
     });
     let _ = driver.kill();
     let _ = server.kill();
-    println!("snapshot: {} (3,000,000 events); upload {upload_s:.1} s, analysed and stored {stored_s:.1} s after it began\n", snapshot.display());
+    println!(
+        "snapshot: {} (3,000,000 events); upload {upload_s:.1} s, analysed and stored {stored_s:.1} s after it began\n",
+        snapshot.display()
+    );
     println!("| step in headless Chromium | median | worst | target |");
     println!("|---|---|---|---|");
     let worst = |v: &Vec<f64>| v.iter().copied().fold(0.0, f64::max);
-    println!("| navigation to map and timeline drawn ({} loads) | {:.0} ms | {:.0} ms | within 1500 ms |", ready.len(), median(ready.clone()), worst(&ready));
-    println!("| cursor move to map redrawn ({} moves) | {:.1} ms | {:.1} ms | within 100 ms |", draws.len(), median(draws.clone()), worst(&draws));
+    println!(
+        "| navigation to map and timeline drawn ({} loads) | {:.0} ms | {:.0} ms | within 1500 ms |",
+        ready.len(),
+        median(ready.clone()),
+        worst(&ready)
+    );
+    println!(
+        "| cursor move to map redrawn ({} moves) | {:.1} ms | {:.1} ms | within 100 ms |",
+        draws.len(),
+        median(draws.clone()),
+        worst(&draws)
+    );
 }

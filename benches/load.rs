@@ -67,7 +67,11 @@ fn main() {
             let (http, base, path) = (http.clone(), base.clone(), snapshot.clone());
             std::thread::spawn(move || {
                 let body = std::fs::File::open(&path).unwrap().chain(std::io::Cursor::new(vec![k as u8]));
-                let r = http.post(format!("{base}/api/v1/snapshots")).body(reqwest::blocking::Body::sized(body, size + 1)).send().unwrap();
+                let r = http
+                    .post(format!("{base}/api/v1/snapshots"))
+                    .body(reqwest::blocking::Body::sized(body, size + 1))
+                    .send()
+                    .unwrap();
                 assert_eq!(r.status().as_u16(), 202);
                 r.json::<Value>().unwrap()["id"].as_str().unwrap().to_string()
             })
@@ -99,7 +103,8 @@ fn main() {
     let errors = Arc::new(AtomicU64::new(0));
     let readers: Vec<_> = (0..16)
         .map(|k| {
-            let (http, base, ids, latencies, errors) = (http.clone(), base.clone(), ids.clone(), latencies.clone(), errors.clone());
+            let (http, base, ids, latencies, errors) =
+                (http.clone(), base.clone(), ids.clone(), latencies.clone(), errors.clone());
             std::thread::spawn(move || {
                 let mut mine = Vec::new();
                 let mut i = k;
@@ -108,10 +113,19 @@ fn main() {
                     let path = match i % 3 {
                         0 => format!("/s/{id}"),
                         1 => format!("/api/v1/snapshots/{id}/analysis"),
-                        _ => format!("/api/v1/snapshots/{id}/devices/0/timeline?start={}&end={}&points=1200&format=bin", (i * 7919) % 2_000_000, 3_000_000),
+                        _ => format!(
+                            "/api/v1/snapshots/{id}/devices/0/timeline?start={}&end={}&points=1200&format=bin",
+                            (i * 7919) % 2_000_000,
+                            3_000_000
+                        ),
                     };
                     let t = Instant::now();
-                    match http.get(format!("{base}{path}")).send().and_then(|r| r.error_for_status()).and_then(|r| r.bytes()) {
+                    match http
+                        .get(format!("{base}{path}"))
+                        .send()
+                        .and_then(|r| r.error_for_status())
+                        .and_then(|r| r.bytes())
+                    {
                         Ok(_) => mine.push(t.elapsed().as_secs_f64() * 1e3),
                         Err(_) => {
                             errors.fetch_add(1, Ordering::Relaxed);
@@ -132,6 +146,12 @@ fn main() {
     println!("30 s of mixed reads (share page, analysis JSON, binary timeline) from 16 threads:");
     println!("| requests/s | p50 | p99 | errors |");
     println!("|---|---|---|---|");
-    println!("| {:.0} | {:.1} ms | {:.1} ms | {} |", l.len() as f64 / 30.0, pct(0.5), pct(0.99), errors.load(Ordering::Relaxed));
+    println!(
+        "| {:.0} | {:.1} ms | {:.1} ms | {} |",
+        l.len() as f64 / 30.0,
+        pct(0.5),
+        pct(0.99),
+        errors.load(Ordering::Relaxed)
+    );
     let _ = server.kill();
 }

@@ -60,7 +60,11 @@ impl Config {
         self.analysis_memory.unwrap_or_else(|| {
             let total = std::fs::read_to_string("/proc/meminfo")
                 .ok()
-                .and_then(|m| m.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+                .and_then(|m| {
+                    m.lines()
+                        .find(|l| l.starts_with("MemTotal:"))
+                        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                })
                 .map(|kib| kib * 1024);
             total.unwrap_or(8 << 30) / 2
         })

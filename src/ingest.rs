@@ -56,9 +56,15 @@ pub enum IngestError {
     /// A format we recognise but do not read (xz, a compressed stream inside another).
     Unsupported(String),
     /// The reader refused the bytes; `stream` says which bytes the offset counts.
-    Read { error: ReadError, stream: &'static str },
+    Read {
+        error: ReadError,
+        stream: &'static str,
+    },
     /// The bytes were a valid pickle or JSON, but not a memory snapshot.
-    Model { error: ModelError, offset: u64 },
+    Model {
+        error: ModelError,
+        offset: u64,
+    },
     Io(std::io::Error),
 }
 
@@ -69,7 +75,9 @@ impl fmt::Display for IngestError {
             IngestError::Unsupported(what) => write!(f, "{what}"),
             IngestError::Read { error, stream: "" } => write!(f, "{error}"),
             IngestError::Read { error, stream } => write!(f, "{error} of the {stream}-decompressed data"),
-            IngestError::Model { error, offset } => write!(f, "not a valid memory snapshot: {error} (near byte {offset})"),
+            IngestError::Model { error, offset } => {
+                write!(f, "not a valid memory snapshot: {error} (near byte {offset})")
+            }
             IngestError::Io(e) => write!(f, "could not read the file: {e}"),
         }
     }
@@ -256,9 +264,13 @@ fn sniff(head: &[u8]) -> Result<Format, IngestError> {
         [0x1f, 0x8b, ..] => Format::Gzip,
         [0x28, 0xb5, 0x2f, 0xfd, ..] => Format::Zstd,
         [0xfd, b'7', b'z', b'X', b'Z', ..] => {
-            return Err(IngestError::Unsupported("xz-compressed files are not read: unpack with `xz -d`, or use gzip or zstd".into()));
+            return Err(IngestError::Unsupported(
+                "xz-compressed files are not read: unpack with `xz -d`, or use gzip or zstd".into(),
+            ));
         }
-        [b'P', b'K', 3, 4, ..] => return Err(IngestError::Unsupported("zip archives are not read: upload the snapshot inside".into())),
+        [b'P', b'K', 3, 4, ..] => {
+            return Err(IngestError::Unsupported("zip archives are not read: upload the snapshot inside".into()));
+        }
         _ if matches!(first_text, Some(b'{') | Some(b'[')) => Format::Json,
         [0x80, ..] => Format::Pickle,
         [b, ..] if OLD_PICKLE_STARTS.contains(b) => Format::Pickle,

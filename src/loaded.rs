@@ -21,7 +21,12 @@ impl Entry {
     /// About what it holds in memory: the events, and the replays' checkpoints.
     pub fn bytes(&self) -> u64 {
         let events = self.snapshot.events.len() as u64;
-        events * 32 + self.replays.iter().map(|r| (r.event_count() as u64 / crate::replay::CHECKPOINT_EVERY as u64 + 2) * (256 << 10)).sum::<u64>()
+        events * 32
+            + self
+                .replays
+                .iter()
+                .map(|r| (r.event_count() as u64 / crate::replay::CHECKPOINT_EVERY as u64 + 2) * (256 << 10))
+                .sum::<u64>()
     }
 
     pub fn device(&self, device: i64) -> Option<(usize, &crate::snapshot::Device)> {
@@ -40,7 +45,12 @@ pub struct Loaded {
 
 impl Loaded {
     pub fn new(capacity: usize, max_bytes: u64) -> Loaded {
-        Loaded { capacity: capacity.max(1), max_bytes, entries: Mutex::new(VecDeque::new()), loading: tokio::sync::Mutex::new(()) }
+        Loaded {
+            capacity: capacity.max(1),
+            max_bytes,
+            entries: Mutex::new(VecDeque::new()),
+            loading: tokio::sync::Mutex::new(()),
+        }
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Entry>> {

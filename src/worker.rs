@@ -119,14 +119,20 @@ impl Worker {
 
 /// Parses and analyses a blob and writes the results; returns the verdict and the parsed
 /// snapshot, or the message to show.
-async fn analyze(store: Arc<Store>, sha256: String, id: String, counter: Arc<AtomicU64>) -> Result<(String, Entry), String> {
+async fn analyze(
+    store: Arc<Store>,
+    sha256: String,
+    id: String,
+    counter: Arc<AtomicU64>,
+) -> Result<(String, Entry), String> {
     let file = store.blobs.open(&sha256).map_err(|e| format!("the upload is missing: {e}"))?;
     tokio::task::spawn_blocking(move || {
         let options = ingest::Options { progress: Some(counter), ..ingest::Options::default() };
         let ingested = ingest::ingest(file, &options).map_err(|e| e.to_string())?;
         let snap = ingested.snapshot;
         let analyzed = analysis::analyze(&snap, ingested.source, Depth::Serve);
-        let mut files = vec![("analysis.json".to_string(), serde_json::to_vec(&analyzed.analysis).map_err(|e| e.to_string())?)];
+        let mut files =
+            vec![("analysis.json".to_string(), serde_json::to_vec(&analyzed.analysis).map_err(|e| e.to_string())?)];
         // The maps a page opens first: the end of each device, and each OOM.
         for (i, d) in snap.devices.iter().enumerate() {
             let end = map::segment_map(&snap, d.device, None, &crate::replay::final_state(d));
@@ -134,7 +140,10 @@ async fn analyze(store: Arc<Store>, sha256: String, id: String, counter: Arc<Ato
             for oom in &analyzed.analysis.devices[i].ooms {
                 let state = analyzed.replays[i].state_at(&snap, Some(oom.event_index as usize));
                 let m = map::segment_map(&snap, d.device, Some(oom.event_index), &state);
-                files.push((map_name(d.device, Some(oom.event_index)), serde_json::to_vec(&m).map_err(|e| e.to_string())?));
+                files.push((
+                    map_name(d.device, Some(oom.event_index)),
+                    serde_json::to_vec(&m).map_err(|e| e.to_string())?,
+                ));
             }
         }
         let verdict = analyzed.analysis.devices.first().map(|d| d.diagnosis.verdict).unwrap_or("no_oom").to_string();

@@ -27,7 +27,14 @@ pub struct SiteSeries {
     pub values: Vec<u64>,
 }
 
-pub fn active_by_site(snapshot: &Snapshot, device: &Device, replay: &Replay, range: std::ops::Range<usize>, points: usize, top: usize) -> ActiveBySite {
+pub fn active_by_site(
+    snapshot: &Snapshot,
+    device: &Device,
+    replay: &Replay,
+    range: std::ops::Range<usize>,
+    points: usize,
+    top: usize,
+) -> ActiveBySite {
     let events = snapshot.device_events(device);
     let range = range.start.min(events.len())..range.end.min(events.len());
     let rules = Rules::from_settings(snapshot.allocator_settings.as_ref());
@@ -89,17 +96,20 @@ pub fn active_by_site(snapshot: &Snapshot, device: &Device, replay: &Replay, ran
         }
     }
     // The top sites by peak; everything else is `other`.
-    let mut peaks: Vec<(usize, u64)> = (0..sites.len()).map(|s| (s, columns.iter().map(|c| c.get(s).copied().unwrap_or(0)).max().unwrap_or(0))).collect();
+    let mut peaks: Vec<(usize, u64)> = (0..sites.len())
+        .map(|s| (s, columns.iter().map(|c| c.get(s).copied().unwrap_or(0)).max().unwrap_or(0)))
+        .collect();
     peaks.sort_by(|a, b| b.1.cmp(&a.1));
     let kept: Vec<usize> = peaks.iter().filter(|p| p.1 > 0).take(top).map(|p| p.0).collect();
     let series = kept
         .iter()
-        .map(|&s| SiteSeries { call_site: sites[s].clone(), values: columns.iter().map(|c| c.get(s).copied().unwrap_or(0)).collect() })
+        .map(|&s| SiteSeries {
+            call_site: sites[s].clone(),
+            values: columns.iter().map(|c| c.get(s).copied().unwrap_or(0)).collect(),
+        })
         .collect();
-    let other = columns
-        .iter()
-        .map(|c| c.iter().enumerate().filter(|(s, _)| !kept.contains(s)).map(|(_, v)| v).sum())
-        .collect();
+    let other =
+        columns.iter().map(|c| c.iter().enumerate().filter(|(s, _)| !kept.contains(s)).map(|(_, v)| v).sum()).collect();
     ActiveBySite { start: range.start as u64, end: range.end as u64, event: bucket_events, sites: series, other }
 }
 

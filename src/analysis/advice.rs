@@ -87,7 +87,8 @@ pub fn diagnose(f: &Facts) -> Diagnosis {
 
 fn summary(f: &Facts, oom: Option<&Oom>) -> String {
     let pinned = &f.pinned.summary;
-    let who = |pinners: &[super::gaps::Pinner]| match pinners.first().and_then(|p| p.call_site.as_ref().map(|c| (c, p))) {
+    let who = |pinners: &[super::gaps::Pinner]| match pinners.first().and_then(|p| p.call_site.as_ref().map(|c| (c, p)))
+    {
         Some((site, p)) => format!(", {} of it by blocks allocated at {site}", bytes(p.pinned_free_bytes)),
         None => String::new(),
     };
@@ -127,18 +128,27 @@ fn expandable(f: &Facts, fragmented: bool) -> Remedy {
     let (applies, why) = if f.rules.expandable_segments {
         (false, "Expandable segments are already on.".to_string())
     } else if !fragmented {
-        (false, "The free memory is not what is missing: this run needs less memory, not less fragmentation.".to_string())
+        (
+            false,
+            "The free memory is not what is missing: this run needs less memory, not less fragmentation.".to_string(),
+        )
     } else {
         // Free memory that shares an expandable page with a live block stays mapped.
         let stuck: u64 = f.pinned.gaps.iter().map(|g| stuck_in_pages(g.address.0, g.size)).sum();
         let still = if stuck > 0 {
-            format!(" Live blocks would still pin the pages they sit on: about {} of today's pinned free memory shares a page with a live block.", bytes(stuck))
+            format!(
+                " Live blocks would still pin the pages they sit on: about {} of today's pinned free memory shares a page with a live block.",
+                bytes(stuck)
+            )
         } else {
             String::new()
         };
-        (true, format!(
-            "No code change. The allocator maps physical pages into one growing range per stream instead of separate segments, so memory freed anywhere can serve the next big request and whole free pages go back to CUDA.{still}"
-        ))
+        (
+            true,
+            format!(
+                "No code change. The allocator maps physical pages into one growing range per stream instead of separate segments, so memory freed anywhere can serve the next big request and whole free pages go back to CUDA.{still}"
+            ),
+        )
     };
     Remedy { kind: "expandable_segments", applies, setting_or_code: setting, why, predicted: None, site: None }
 }
@@ -170,15 +180,30 @@ fn mempool(f: &Facts, fragmented: bool, pinner: Option<&CallSite>) -> Remedy {
     let (applies, why) = if !fragmented {
         (false, "Nothing is fragmented enough for a private pool to help.".to_string())
     } else if pinner == Some(&site) {
-        (false, format!("The blocks that pin memory come from the same call site as the big ones ({site}): a pool around it would hold both."))
+        (
+            false,
+            format!(
+                "The blocks that pin memory come from the same call site as the big ones ({site}): a pool around it would hold both."
+            ),
+        )
     } else {
         let by = pinner.map(|p| format!(" (the small long-lived blocks come from {p})")).unwrap_or_default();
-        (true, format!(
-            "The {} blocks allocated at {site} share segments with blocks that outlive them{by}. In a private pool they get segments of their own, so a freed big block is whole again for the next big request.",
-            bytes(size)
-        ))
+        (
+            true,
+            format!(
+                "The {} blocks allocated at {site} share segments with blocks that outlive them{by}. In a private pool they get segments of their own, so a freed big block is whole again for the next big request.",
+                bytes(size)
+            ),
+        )
     };
-    Remedy { kind: "mempool", applies, setting_or_code: code, why, predicted: None, site: Some(crate::simulate::site_arg(&site)) }
+    Remedy {
+        kind: "mempool",
+        applies,
+        setting_or_code: code,
+        why,
+        predicted: None,
+        site: Some(crate::simulate::site_arg(&site)),
+    }
 }
 
 fn max_split(f: &Facts, fragmented: bool, small_size: u64) -> Remedy {
@@ -193,20 +218,33 @@ fn max_split(f: &Facts, fragmented: bool, small_size: u64) -> Remedy {
     } else if f.rules.max_split_size_mb().is_some_and(|m| m <= n) {
         (false, format!("max_split_size_mb is already {}.", f.rules.max_split_size_mb().unwrap_or(0)))
     } else if small_size >= n * MIB {
-        (false, format!("The pinning blocks ({}) are as big as the split blocks: no N separates them.", bytes(small_size)))
+        (
+            false,
+            format!("The pinning blocks ({}) are as big as the split blocks: no N separates them.", bytes(small_size)),
+        )
     } else {
-        (true, format!(
-            "Cached blocks of {n} MiB or more are never split, so requests under {n} MiB (such as the {} blocks that pin memory today) stop landing inside freed {} blocks. The cost: big requests take only cached blocks less than 20 MiB larger than themselves and small ones need segments of their own, so more memory is reserved.",
-            bytes(small_size),
-            bytes(big)
-        ))
+        (
+            true,
+            format!(
+                "Cached blocks of {n} MiB or more are never split, so requests under {n} MiB (such as the {} blocks that pin memory today) stop landing inside freed {} blocks. The cost: big requests take only cached blocks less than 20 MiB larger than themselves and small ones need segments of their own, so more memory is reserved.",
+                bytes(small_size),
+                bytes(big)
+            ),
+        )
     };
     Remedy { kind: "max_split_size", applies, setting_or_code: setting, why, predicted: None, site: None }
 }
 
 fn reuse(f: &Facts, fragmented: bool) -> Remedy {
     let Some((site, size)) = f.big.clone() else {
-        return Remedy { kind: "reuse_buffer", applies: false, setting_or_code: String::new(), why: "No big allocation to reuse.".into(), predicted: None, site: None };
+        return Remedy {
+            kind: "reuse_buffer",
+            applies: false,
+            setting_or_code: String::new(),
+            why: "No big allocation to reuse.".into(),
+            predicted: None,
+            site: None,
+        };
     };
     let place = site.as_ref().map(|s| format!("{s}")).unwrap_or_else(|| "the big allocation".into());
     let code = format!(
@@ -214,13 +252,34 @@ fn reuse(f: &Facts, fragmented: bool) -> Remedy {
         bytes(size)
     );
     let (applies, why) = if f.big_repeats >= 3 && fragmented {
-        (true, format!("{place} allocated {} {} times. One buffer allocated once and reused never leaves a hole to fill.", bytes(size), f.big_repeats))
+        (
+            true,
+            format!(
+                "{place} allocated {} {} times. One buffer allocated once and reused never leaves a hole to fill.",
+                bytes(size),
+                f.big_repeats
+            ),
+        )
     } else if f.big_repeats >= 3 {
-        (false, format!("{place} allocated {} {} times, but that is not what runs out of memory here.", bytes(size), f.big_repeats))
+        (
+            false,
+            format!(
+                "{place} allocated {} {} times, but that is not what runs out of memory here.",
+                bytes(size),
+                f.big_repeats
+            ),
+        )
     } else {
         (false, format!("{place} did not allocate the same size repeatedly ({} times in the trace).", f.big_repeats))
     };
-    Remedy { kind: "reuse_buffer", applies, setting_or_code: code, why, predicted: None, site: site.as_ref().map(crate::simulate::site_arg) }
+    Remedy {
+        kind: "reuse_buffer",
+        applies,
+        setting_or_code: code,
+        why,
+        predicted: None,
+        site: site.as_ref().map(crate::simulate::site_arg),
+    }
 }
 
 #[cfg(test)]

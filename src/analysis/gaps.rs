@@ -80,7 +80,13 @@ pub fn pinned(state: &State, stacks: &Stacks) -> Pinned {
             out.shares.push((blk.address, mine));
             let site = call_site(stacks, blk.stack);
             let (p, best) = by_site.entry(site.clone()).or_insert_with(|| {
-                let p = Pinner { call_site: site, blocks: 0, live_bytes: 0, pinned_free_bytes: 0, largest_share_block: Addr(blk.address) };
+                let p = Pinner {
+                    call_site: site,
+                    blocks: 0,
+                    live_bytes: 0,
+                    pinned_free_bytes: 0,
+                    largest_share_block: Addr(blk.address),
+                };
                 (p, 0)
             });
             if mine > *best {

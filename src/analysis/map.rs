@@ -86,7 +86,11 @@ pub fn segment_map(snapshot: &Snapshot, device: i64, event: Option<u64>, state: 
                 requested_size: blk.requested,
                 state: blk.state.name(),
                 stack: blk.stack,
-                pinned_share: if blk.state == BlockState::Inactive { 0 } else { shares.get(&blk.address).copied().unwrap_or(0) },
+                pinned_share: if blk.state == BlockState::Inactive {
+                    0
+                } else {
+                    shares.get(&blk.address).copied().unwrap_or(0)
+                },
                 alloc_event: (blk.event != NIL).then_some(blk.event as u64),
             });
         }

@@ -38,7 +38,7 @@ use crate::ingest::Source;
 use crate::replay::{self, Observer, Replay, State};
 use crate::snapshot::{Action, Device, Event, Snapshot, StackId};
 use advice::Diagnosis;
-use gaps::{Gap, Pinner, PinnedSummary};
+use gaps::{Gap, PinnedSummary, Pinner};
 use oom::{Oom, OomObserver};
 use rhythm::Rhythm;
 use sites::call_site;
@@ -212,7 +212,9 @@ fn repeats(snapshot: &Snapshot, events: &[Event], rules: &replay::Rules, site: &
     events
         .iter()
         .filter(|e| e.action == Action::ALLOC && rules.round_size(e.size) == size)
-        .filter(|e| *at_site.entry(e.stack).or_insert_with(|| call_site(&snapshot.stacks, e.stack).as_ref() == Some(site)))
+        .filter(|e| {
+            *at_site.entry(e.stack).or_insert_with(|| call_site(&snapshot.stacks, e.stack).as_ref() == Some(site))
+        })
         .count() as u64
 }
 
@@ -229,7 +231,9 @@ fn predict(snapshot: &Snapshot, d: &Device, ooms: &[Oom], real_peak: u64, diagno
                 crate::simulate::Settings { conf: Some(conf), capacity: budget, ..Default::default() }
             }
             "mempool" => crate::simulate::Settings { capacity: budget, mempool: r.site.clone(), ..Default::default() },
-            "reuse_buffer" => crate::simulate::Settings { capacity: budget, reuse: r.site.clone(), ..Default::default() },
+            "reuse_buffer" => {
+                crate::simulate::Settings { capacity: budget, reuse: r.site.clone(), ..Default::default() }
+            }
             _ => continue,
         };
         let Ok(o) = crate::simulate::simulate(snapshot, d, &settings) else { continue };
@@ -238,7 +242,10 @@ fn predict(snapshot: &Snapshot, d: &Device, ooms: &[Oom], real_peak: u64, diagno
             (Some(b), None) => format!("no OOM within the same {}, peak {peak}", crate::units::bytes(b)),
             (Some(_), Some(x)) => format!("still out of memory, at event {}", x.event_index),
             (None, _) if o.peak_reserved_bytes > real_peak => {
-                format!("peak {peak} reserved, more than the real {}: it would cost more than it saves here", crate::units::bytes(real_peak))
+                format!(
+                    "peak {peak} reserved, more than the real {}: it would cost more than it saves here",
+                    crate::units::bytes(real_peak)
+                )
             }
             (None, _) => format!("peak {peak} reserved (really {})", crate::units::bytes(real_peak)),
         });
@@ -247,7 +254,12 @@ fn predict(snapshot: &Snapshot, d: &Device, ooms: &[Oom], real_peak: u64, diagno
 
 /// The big allocations to act on: the failing request if the job ran out of memory, else the
 /// creation of the largest pinned segment.
-fn big_allocation(snapshot: &Snapshot, events: &[Event], ooms: &[Oom], state: &State) -> Option<(Option<sites::CallSite>, u64)> {
+fn big_allocation(
+    snapshot: &Snapshot,
+    events: &[Event],
+    ooms: &[Oom],
+    state: &State,
+) -> Option<(Option<sites::CallSite>, u64)> {
     if let Some(o) = ooms.first() {
         let stack = events[o.event_index as usize].stack;
         return Some((call_site(&snapshot.stacks, stack), o.requested_bytes));

@@ -69,7 +69,13 @@ impl Timeline {
 
     /// The columns, in the order [`SERIES`] names them.
     pub fn columns(&self) -> [&[u64]; 5] {
-        [&self.reserved_bytes, &self.allocated_bytes, &self.active_bytes, &self.pinned_free_bytes, &self.largest_free_block_bytes]
+        [
+            &self.reserved_bytes,
+            &self.allocated_bytes,
+            &self.active_bytes,
+            &self.pinned_free_bytes,
+            &self.largest_free_block_bytes,
+        ]
     }
 
     /// Events `range` in `points` buckets, each with its first event and the min and max of
@@ -122,7 +128,8 @@ impl Downsampled {
 }
 
 /// Names of the series, in column order.
-pub const SERIES: [&str; 5] = ["reserved_bytes", "allocated_bytes", "active_bytes", "pinned_free_bytes", "largest_free_block_bytes"];
+pub const SERIES: [&str; 5] =
+    ["reserved_bytes", "allocated_bytes", "active_bytes", "pinned_free_bytes", "largest_free_block_bytes"];
 
 /// A downsampled stretch of the timeline.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -163,7 +170,9 @@ mod tests {
     fn downsampling_keeps_spikes() {
         let mut t = Timeline::default();
         t.reserved_bytes = (0..1000).map(|i| if i == 500 { 10_000 } else { i }).collect();
-        for c in [&mut t.allocated_bytes, &mut t.active_bytes, &mut t.pinned_free_bytes, &mut t.largest_free_block_bytes] {
+        for c in
+            [&mut t.allocated_bytes, &mut t.active_bytes, &mut t.pinned_free_bytes, &mut t.largest_free_block_bytes]
+        {
             *c = vec![0; 1000];
         }
         t.time_us = vec![0; 1000];

@@ -16,7 +16,11 @@ use crate::ingest::{self, IngestError};
 use crate::units::bytes;
 
 #[derive(Debug, Parser)]
-#[command(name = "fragscope", version, about = "Why did the GPU run out of memory? Reads PyTorch CUDA memory snapshots.")]
+#[command(
+    name = "fragscope",
+    version,
+    about = "Why did the GPU run out of memory? Reads PyTorch CUDA memory snapshots."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -100,7 +104,12 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
-fn simulate(file: &std::path::Path, device: Option<i64>, settings: &crate::simulate::Settings, json: bool) -> Result<Result<(), String>, IngestError> {
+fn simulate(
+    file: &std::path::Path,
+    device: Option<i64>,
+    settings: &crate::simulate::Settings,
+    json: bool,
+) -> Result<Result<(), String>, IngestError> {
     let snap = ingest::ingest_path(file, &ingest::Options::default())?.snapshot;
     let d = match device {
         Some(want) => snap.devices.iter().find(|d| d.device == want),
@@ -119,8 +128,18 @@ fn simulate(file: &std::path::Path, device: Option<i64>, settings: &crate::simul
         println!("  peak reserved  {}", bytes(outcome.peak_reserved_bytes));
         println!("  peak allocated {}", bytes(outcome.peak_allocated_bytes));
         match &outcome.oom {
-            Some(o) => println!("  OOM at event {}: {} requested with {} reserved, {} allocated", o.event_index, bytes(o.requested_bytes), bytes(o.reserved_bytes), bytes(o.allocated_bytes)),
-            None => println!("  no OOM; {} reserved at the end, {} of it free but pinned", bytes(outcome.final_reserved_bytes), bytes(outcome.pinned_free_bytes_at_end)),
+            Some(o) => println!(
+                "  OOM at event {}: {} requested with {} reserved, {} allocated",
+                o.event_index,
+                bytes(o.requested_bytes),
+                bytes(o.reserved_bytes),
+                bytes(o.allocated_bytes)
+            ),
+            None => println!(
+                "  no OOM; {} reserved at the end, {} of it free but pinned",
+                bytes(outcome.final_reserved_bytes),
+                bytes(outcome.pinned_free_bytes_at_end)
+            ),
         }
     }
     Ok(Ok(()))
@@ -143,7 +162,9 @@ fn state(file: &std::path::Path, event: &str, device: Option<i64>) -> Result<Res
         "final" => (crate::replay::final_state(d), format!("device {}, final", d.device)),
         "start" => (replay().state_at(&snap, None), format!("device {}, before the first of {n} events", d.device)),
         "oom" => match snap.device_events(d).iter().position(|e| e.action == crate::snapshot::Action::OOM) {
-            Some(i) => (replay().state_at(&snap, Some(i)), format!("device {}, at the OOM (event {i} of {n})", d.device)),
+            Some(i) => {
+                (replay().state_at(&snap, Some(i)), format!("device {}, at the OOM (event {i} of {n})", d.device))
+            }
             None => return Ok(Err("this trace has no OOM".into())),
         },
         n_str => match n_str.parse::<usize>() {
@@ -158,7 +179,8 @@ fn state(file: &std::path::Path, event: &str, device: Option<i64>) -> Result<Res
 }
 
 fn serve(config: crate::config::Config) -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FRAGSCOPE_LOG").unwrap_or_else(|_| "info,tower_http=warn,sqlx=warn".into());
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FRAGSCOPE_LOG")
+        .unwrap_or_else(|_| "info,tower_http=warn,sqlx=warn".into());
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -210,18 +232,33 @@ fn write_text(out: &mut impl Write, file: &std::path::Path, a: &Analysis) -> std
     let s = &a.source;
     let protocol = s.pickle_protocol.map(|p| format!(" protocol {p}")).unwrap_or_default();
     let compression = if s.compression == "none" { String::new() } else { format!(", {}", s.compression) };
-    writeln!(out, "{}: {}{protocol}{compression}, {}, sha256 {}", file.display(), s.encoding, bytes(s.bytes), s.sha256)?;
+    writeln!(
+        out,
+        "{}: {}{protocol}{compression}, {}, sha256 {}",
+        file.display(),
+        s.encoding,
+        bytes(s.bytes),
+        s.sha256
+    )?;
     if a.devices.is_empty() {
         writeln!(out, "no segments and no trace: nothing was allocated while recording")?;
     }
     for d in &a.devices {
         let f = &d.final_state;
         writeln!(out, "device {}", d.device)?;
-        let ranges = if f.expandable_ranges > 0 { format!(" + {} expandable ranges", f.expandable_ranges) } else { String::new() };
+        let ranges = if f.expandable_ranges > 0 {
+            format!(" + {} expandable ranges", f.expandable_ranges)
+        } else {
+            String::new()
+        };
         writeln!(out, "  reserved    {:>12}  in {} segments{ranges}", bytes(f.reserved_bytes), f.segments)?;
         writeln!(out, "  allocated   {:>12}  in {} allocations", bytes(f.allocated_bytes), f.allocations)?;
         writeln!(out, "  active      {:>12}", bytes(f.active_bytes))?;
-        writeln!(out, "  free        {:>12}  reserved but unallocated", bytes(f.reserved_bytes - f.allocated_bytes.min(f.reserved_bytes)))?;
+        writeln!(
+            out,
+            "  free        {:>12}  reserved but unallocated",
+            bytes(f.reserved_bytes - f.allocated_bytes.min(f.reserved_bytes))
+        )?;
         writeln!(out, "  largest free block {}", bytes(f.largest_free_block_bytes))?;
         writeln!(out, "  inactive split: {} blocks, {}", f.inactive_split_blocks, bytes(f.inactive_split_bytes))?;
         let t = &d.trace;

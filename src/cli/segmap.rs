@@ -77,7 +77,8 @@ pub fn render(snapshot: &Snapshot, state: &State, title: &str) -> String {
         } else {
             String::new()
         };
-        let _ = writeln!(out, "{:<#16x} {:>12}  {:<16} {}{pinned}", seg.address, bytes(seg.size), pool, strip(state, s));
+        let _ =
+            writeln!(out, "{:<#16x} {:>12}  {:<16} {}{pinned}", seg.address, bytes(seg.size), pool, strip(state, s));
     }
     let _ = writeln!(out, "{LEGEND}");
     out

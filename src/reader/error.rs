@@ -15,18 +15,29 @@ pub enum ErrorKind {
     /// The input ended in the middle of a value.
     Truncated,
     /// An opcode that would import or call code (GLOBAL, REDUCE, ...): never executed.
-    Refused { opcode: &'static str },
+    Refused {
+        opcode: &'static str,
+    },
     /// A byte that is no pickle opcode, or one this reader does not implement.
     UnknownOpcode(u8),
     UnsupportedProtocol(u8),
     /// A named limit from [`super::Limits`] would be exceeded.
-    Limit { what: &'static str, limit: u64 },
+    Limit {
+        what: &'static str,
+        limit: u64,
+    },
     /// A memo get of an index that was never put.
     MemoMissing(u64),
     /// An opcode found too few values on the stack, or no MARK.
-    StackUnderflow { opcode: &'static str },
+    StackUnderflow {
+        opcode: &'static str,
+    },
     /// An opcode found a value of the wrong kind (APPEND onto a dict, a list as a dict key...).
-    WrongType { opcode: &'static str, expected: &'static str, found: &'static str },
+    WrongType {
+        opcode: &'static str,
+        expected: &'static str,
+        found: &'static str,
+    },
     /// A container refers to itself; snapshots never do.
     Recursive,
     BadUtf8,

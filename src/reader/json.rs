@@ -172,7 +172,8 @@ impl<S: Sink> Builder<'_, S> {
 /// Reads one JSON document from `reader` into values, folding objects through `sink`.
 pub fn read_json<R: Read, S: Sink>(reader: R, limits: &Limits, sink: &mut S) -> Result<Parsed, Failure<S::Error>> {
     let count = Rc::new(Cell::new(0));
-    let counting = Counting { inner: std::io::BufReader::new(reader), count: count.clone(), max: limits.max_input_bytes };
+    let counting =
+        Counting { inner: std::io::BufReader::new(reader), count: count.clone(), max: limits.max_input_bytes };
     let mut heap = Heap::default();
     sink.prepare(&mut heap.strings);
     let mut builder = Builder { heap, sink, limits, failure: None, count: count.clone() };

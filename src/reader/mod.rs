@@ -23,6 +23,7 @@ mod error;
 mod input;
 mod json;
 mod limits;
+mod memo;
 mod pickle;
 mod text;
 mod value;

@@ -3,11 +3,11 @@
 //! Each opcode is read with its operands, checked against [`Limits`], and applied to a value
 //! stack. Opcodes that import or call (GLOBAL, REDUCE, ...) stop the read with `Refused`.
 
-use std::collections::HashMap;
 use std::io::Read;
 
 use super::error::{ErrorKind, Failure, ReadError};
 use super::input::Input;
+use super::memo::{MEMO_PAYLOAD, Memo};
 use super::value::{Heap, Kind, Value};
 use super::{Limits, Parsed, Sink};
 
@@ -38,65 +38,6 @@ fn refused_name(op: u8) -> Option<&'static str> {
         0x98 => "READONLY_BUFFER",
         _ => return None,
     })
-}
-
-/// Payload bits of a memo slot; the top two bits say what the payload is.
-const MEMO_PAYLOAD: u32 = (1 << 30) - 1;
-const MEMO_NODE: u32 = 0;
-const MEMO_STR: u32 = 1 << 30;
-const MEMO_BYTES: u32 = 2 << 30;
-const MEMO_OTHER: u32 = 3 << 30;
-
-/// The memo at 4 bytes an entry: real snapshots memoize millions of dicts, lists and strings
-/// and nothing else; anything else a pickle memoizes goes to `others`.
-#[derive(Default)]
-struct Memo {
-    slots: Vec<u32>,
-    others: Vec<Value>,
-    /// Puts at indexes beyond the end.
-    sparse: HashMap<u64, Value>,
-}
-
-impl Memo {
-    /// Stores `v` at `index` (at most one past the end); false if the payload space is full.
-    #[inline]
-    fn put(&mut self, index: usize, v: Value) -> bool {
-        let slot = match v {
-            Value::Node(id) if id <= MEMO_PAYLOAD => MEMO_NODE | id,
-            Value::Str(id) if id <= MEMO_PAYLOAD => MEMO_STR | id,
-            Value::Bytes(id) if id <= MEMO_PAYLOAD => MEMO_BYTES | id,
-            other => {
-                if self.others.len() > MEMO_PAYLOAD as usize {
-                    return false;
-                }
-                self.others.push(other);
-                MEMO_OTHER | (self.others.len() - 1) as u32
-            }
-        };
-        if index == self.slots.len() {
-            self.slots.push(slot);
-        } else {
-            self.slots[index] = slot;
-        }
-        true
-    }
-
-    /// Plain branches rather than a `match`: the jump table it compiles to mispredicts as
-    /// strings and containers alternate.
-    #[inline(always)]
-    fn decode(&self, slot: u32) -> Value {
-        let payload = slot & MEMO_PAYLOAD;
-        let tag = slot & !MEMO_PAYLOAD;
-        if tag == MEMO_STR {
-            Value::Str(payload)
-        } else if tag == MEMO_NODE {
-            Value::Node(payload)
-        } else if tag == MEMO_BYTES {
-            Value::Bytes(payload)
-        } else {
-            self.others[payload as usize]
-        }
-    }
 }
 
 struct Vm<'a, R, S> {

@@ -58,9 +58,8 @@ pub fn apply(state: &mut State, e: &Event, index: u32, rules: &Rules, hints: &dy
             state.map(e.addr, e.size, segment(e, index, pool, true));
             None
         }
-        Action::SEGMENT_UNMAP => {
-            (!state.unmap(e.addr, e.size)).then(|| format!("segment_unmap of {:#x}: live blocks or nothing mapped there", e.addr))
-        }
+        Action::SEGMENT_UNMAP => (!state.unmap(e.addr, e.size))
+            .then(|| format!("segment_unmap of {:#x}: live blocks or nothing mapped there", e.addr)),
         // oom, snapshot and actions this version does not know change nothing.
         _ => None,
     }
@@ -99,8 +98,9 @@ fn alloc(state: &mut State, e: &Event, index: u32, rules: &Rules) -> Option<Stri
     if blk.size > rounded && rules.should_split(blk.size, rounded, small, seg.expandable) {
         state.split(b, rounded);
     }
-    let warning = (state.block(b).size < rounded)
-        .then(|| format!("alloc of {} bytes at {:#x}, in a free block of only {}", e.size, e.addr, state.block(b).size));
+    let warning = (state.block(b).size < rounded).then(|| {
+        format!("alloc of {} bytes at {:#x}, in a free block of only {}", e.size, e.addr, state.block(b).size)
+    });
     state.make_live(b, e.size, e.stack, index, BlockState::ActiveAllocated);
     warning
 }

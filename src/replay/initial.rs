@@ -42,7 +42,10 @@ pub fn derive(device: &Device, events: &[Event], rules: &Rules, hints: &dyn Segm
             segs.insert(s.address, rec);
         }
         for b in s.blocks.iter().filter(|b| b.state.is_active()) {
-            live.insert(b.address, Live { size: Some(b.size), requested: b.requested_size, state: b.state, stack: b.stack });
+            live.insert(
+                b.address,
+                Live { size: Some(b.size), requested: b.requested_size, state: b.state, stack: b.stack },
+            );
         }
     }
     for e in events.iter().rev() {
@@ -52,12 +55,20 @@ pub fn derive(device: &Device, events: &[Event], rules: &Rules, hints: &dyn Segm
             }
             Action::SEGMENT_FREE => {
                 let (pool, _) = hints.hint(e.addr, e.size).unwrap_or((guess_pool(e.size), false));
-                let rec = SegmentRec { address: e.addr, size: e.size, stream: e.stream, pool, stack: e.stack, ..SegmentRec::empty() };
+                let rec = SegmentRec {
+                    address: e.addr,
+                    size: e.size,
+                    stream: e.stream,
+                    pool,
+                    stack: e.stack,
+                    ..SegmentRec::empty()
+                };
                 segs.insert(e.addr, rec);
             }
             Action::SEGMENT_MAP => interval_remove(&mut mapped, e.addr, e.addr + e.size),
             Action::SEGMENT_UNMAP => {
-                let pool = hints.hint(e.addr, e.size).map(|h| h.0).unwrap_or(Pool { kind: PoolKind::Large, id: (0, 0) });
+                let pool =
+                    hints.hint(e.addr, e.size).map(|h| h.0).unwrap_or(Pool { kind: PoolKind::Large, id: (0, 0) });
                 let rec = SegmentRec { stream: e.stream, pool, expandable: true, ..SegmentRec::empty() };
                 interval_add(&mut mapped, e.addr, e.addr + e.size, rec);
             }
@@ -65,11 +76,21 @@ pub fn derive(device: &Device, events: &[Event], rules: &Rules, hints: &dyn Segm
                 live.remove(&e.addr);
             }
             Action::FREE_REQUESTED => {
-                let entry = live.entry(e.addr).or_insert(Live { size: None, requested: e.size, state: BlockState::ActiveAllocated, stack: EMPTY_STACK });
+                let entry = live.entry(e.addr).or_insert(Live {
+                    size: None,
+                    requested: e.size,
+                    state: BlockState::ActiveAllocated,
+                    stack: EMPTY_STACK,
+                });
                 entry.state = BlockState::ActiveAllocated;
             }
             Action::FREE_COMPLETED => {
-                live.entry(e.addr).or_insert(Live { size: None, requested: e.size, state: BlockState::ActivePendingFree, stack: EMPTY_STACK });
+                live.entry(e.addr).or_insert(Live {
+                    size: None,
+                    requested: e.size,
+                    state: BlockState::ActivePendingFree,
+                    stack: EMPTY_STACK,
+                });
             }
             _ => {}
         }

@@ -156,7 +156,12 @@ pub fn final_state(device: &Device) -> State {
         let blocks = s
             .blocks
             .iter()
-            .map(|b| BlockRec { requested: b.requested_size, state: b.state, stack: b.stack, ..BlockRec::free(b.address, b.size) })
+            .map(|b| BlockRec {
+                requested: b.requested_size,
+                state: b.state,
+                stack: b.stack,
+                ..BlockRec::free(b.address, b.size)
+            })
             .collect();
         state.insert_segment(rec, blocks);
     }
@@ -173,7 +178,10 @@ fn compare(state: &State, device: &Device) -> Vec<String> {
     for (&s, seg) in ours.iter().zip(&device.segments) {
         let r = state.segment(s);
         if (r.address, r.size) != (seg.address, seg.total_size) {
-            out.push(format!("segment {:#x} ({} bytes) replayed as {:#x} ({} bytes)", seg.address, seg.total_size, r.address, r.size));
+            out.push(format!(
+                "segment {:#x} ({} bytes) replayed as {:#x} ({} bytes)",
+                seg.address, seg.total_size, r.address, r.size
+            ));
             continue;
         }
         let blocks: Vec<&BlockRec> = state.block_ids(s).map(|b| state.block(b)).collect();

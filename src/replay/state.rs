@@ -143,7 +143,11 @@ impl State {
         if self.track_largest_free {
             return self.free_sizes.last_key_value().map(|(s, _)| *s).unwrap_or(0);
         }
-        let free = self.blocks.iter().enumerate().filter(|(i, b)| b.state == BlockState::Inactive && !self.free_blocks.contains(&(*i as u32)));
+        let free = self
+            .blocks
+            .iter()
+            .enumerate()
+            .filter(|(i, b)| b.state == BlockState::Inactive && !self.free_blocks.contains(&(*i as u32)));
         free.map(|(_, b)| b.size).max().unwrap_or(0)
     }
 
@@ -208,7 +212,11 @@ impl State {
                 }
             }
             BlockState::ActiveAllocated | BlockState::ActivePendingFree => {
-                if add { s.live += 1 } else { s.live -= 1 }
+                if add {
+                    s.live += 1
+                } else {
+                    s.live -= 1
+                }
                 sign(&mut t.active_bytes, size);
                 sign(&mut t.requested_bytes, requested);
                 if state == BlockState::ActiveAllocated {

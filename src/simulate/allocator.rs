@@ -146,7 +146,11 @@ impl Allocator {
                 if gc {
                     self.garbage_collect();
                 }
-                let first = if expandable { self.expandable_block(key, stream, rounded) } else { self.new_segment(key, stream, rounded) };
+                let first = if expandable {
+                    self.expandable_block(key, stream, rounded)
+                } else {
+                    self.new_segment(key, stream, rounded)
+                };
                 match first {
                     Some(b) => b,
                     None => {
@@ -156,7 +160,11 @@ impl Allocator {
                             Some(b) => b,
                             None => {
                                 self.release_cached();
-                                if expandable { self.expandable_block(key, stream, rounded)? } else { self.new_segment(key, stream, rounded)? }
+                                if expandable {
+                                    self.expandable_block(key, stream, rounded)?
+                                } else {
+                                    self.new_segment(key, stream, rounded)?
+                                }
                             }
                         }
                     }
@@ -176,7 +184,12 @@ impl Allocator {
             // search moves on while the next fit would be tighter.
             let grown = |a: &Allocator, b: u32| {
                 let x = &a.blocks[b as usize];
-                x.size + if x.next != NIL && !a.blocks[x.next as usize].mapped { a.blocks[x.next as usize].size } else { 0 }
+                x.size
+                    + if x.next != NIL && !a.blocks[x.next as usize].mapped {
+                        a.blocks[x.next as usize].size
+                    } else {
+                        0
+                    }
             };
             for &next in fits {
                 if grown(self, next.4) < grown(self, cand.4) {
@@ -227,22 +240,40 @@ impl Allocator {
             self.next_addr += EXPANDABLE_SPAN;
             let page = if key.small { SMALL_BUFFER } else { LARGE_BUFFER };
             let s = self.segments.len() as u32;
-            self.segments.push(Segment { size: EXPANDABLE_SPAN, key, stream, expandable: true, live: 0, page, base: addr });
-            let b = self.new_block(Block { addr, size: EXPANDABLE_SPAN, allocated: false, seg: s, prev: NIL, next: NIL, age: 0, mapped: false });
+            self.segments.push(Segment {
+                size: EXPANDABLE_SPAN,
+                key,
+                stream,
+                expandable: true,
+                live: 0,
+                page,
+                base: addr,
+            });
+            let b = self.new_block(Block {
+                addr,
+                size: EXPANDABLE_SPAN,
+                allocated: false,
+                seg: s,
+                prev: NIL,
+                next: NIL,
+                age: 0,
+                mapped: false,
+            });
             self.unmapped.insert((key, stream, addr, b));
             self.expandable.insert((key, stream), s);
         }
         let free = |a: &Allocator, b: u32| b != NIL && !a.blocks[b as usize].allocated;
-        let start = self.unmapped.range((key, stream, 0, 0)..).take_while(|u| (u.0, u.1) == (key, stream)).find_map(|u| {
-            let prev = self.blocks[u.3 as usize].prev;
-            let first = if free(self, prev) && self.blocks[prev as usize].mapped { prev } else { u.3 };
-            let (mut room, mut b) = (0, first);
-            while room < rounded && free(self, b) {
-                room += self.blocks[b as usize].size;
-                b = self.blocks[b as usize].next;
-            }
-            (room >= rounded).then_some(first)
-        })?;
+        let start =
+            self.unmapped.range((key, stream, 0, 0)..).take_while(|u| (u.0, u.1) == (key, stream)).find_map(|u| {
+                let prev = self.blocks[u.3 as usize].prev;
+                let first = if free(self, prev) && self.blocks[prev as usize].mapped { prev } else { u.3 };
+                let (mut room, mut b) = (0, first);
+                while room < rounded && free(self, b) {
+                    room += self.blocks[b as usize].size;
+                    b = self.blocks[b as usize].next;
+                }
+                (room >= rounded).then_some(first)
+            })?;
         // Pages to map: the unmapped blocks the request reaches into, in whole pages.
         let page = self.segments[self.blocks[start as usize].seg as usize].page;
         let (mut covered, mut b, mut to_map) = (0, start, Vec::new());
@@ -282,7 +313,16 @@ impl Allocator {
         let (key, stream) = (self.segments[x.seg as usize].key, self.segments[x.seg as usize].stream);
         self.unmapped.remove(&(key, stream, x.addr, u));
         if bytes < x.size {
-            let rest = self.new_block(Block { addr: x.addr + bytes, size: x.size - bytes, allocated: false, seg: x.seg, prev: u, next: x.next, age: 0, mapped: false });
+            let rest = self.new_block(Block {
+                addr: x.addr + bytes,
+                size: x.size - bytes,
+                allocated: false,
+                seg: x.seg,
+                prev: u,
+                next: x.next,
+                age: 0,
+                mapped: false,
+            });
             if x.next != NIL {
                 self.blocks[x.next as usize].prev = rest;
             }
@@ -315,7 +355,16 @@ impl Allocator {
         let s = &self.segments[seg as usize];
         if size > rounded && self.rules.should_split(size, rounded, s.key.small, s.expandable) {
             let x = self.blocks[b as usize].clone();
-            let rest = self.new_block(Block { addr: x.addr + rounded, size: size - rounded, allocated: false, seg, prev: b, next: x.next, age: 0, mapped: true });
+            let rest = self.new_block(Block {
+                addr: x.addr + rounded,
+                size: size - rounded,
+                allocated: false,
+                seg,
+                prev: b,
+                next: x.next,
+                age: 0,
+                mapped: true,
+            });
             if x.next != NIL {
                 self.blocks[x.next as usize].prev = rest;
             }
@@ -395,7 +444,8 @@ impl Allocator {
             }
         }
         let mut released = 0;
-        let candidates: Vec<FreeKey> = self.free.range((key, stream, 0, 0, 0)..(key, stream, want, 0, 0)).rev().copied().collect();
+        let candidates: Vec<FreeKey> =
+            self.free.range((key, stream, 0, 0, 0)..(key, stream, want, 0, 0)).rev().copied().collect();
         for c in candidates {
             if released >= want || c.2 < max_split {
                 break;
@@ -490,11 +540,14 @@ impl Allocator {
             return;
         }
         let target = self.reserved - threshold;
-        let mut freeable: Vec<FreeKey> = self.free.iter().filter(|c| !c.0.small && c.0.private == 0 && self.whole_fixed(c.4)).copied().collect();
+        let mut freeable: Vec<FreeKey> =
+            self.free.iter().filter(|c| !c.0.small && c.0.private == 0 && self.whole_fixed(c.4)).copied().collect();
         let mut reclaimed = 0;
         while reclaimed < target && !freeable.is_empty() {
-            let avg = freeable.iter().map(|c| self.blocks[c.4 as usize].age as f64).sum::<f64>() / freeable.len() as f64;
-            let (old, young): (Vec<FreeKey>, Vec<FreeKey>) = freeable.into_iter().partition(|c| self.blocks[c.4 as usize].age as f64 >= avg);
+            let avg =
+                freeable.iter().map(|c| self.blocks[c.4 as usize].age as f64).sum::<f64>() / freeable.len() as f64;
+            let (old, young): (Vec<FreeKey>, Vec<FreeKey>) =
+                freeable.into_iter().partition(|c| self.blocks[c.4 as usize].age as f64 >= avg);
             if old.is_empty() {
                 break;
             }
@@ -508,7 +561,14 @@ impl Allocator {
 
     /// Free bytes in fixed segments that still hold a live block.
     pub fn pinned_free_bytes(&self) -> u64 {
-        self.free.iter().filter(|c| !self.segments[self.blocks[c.4 as usize].seg as usize].expandable && self.segments[self.blocks[c.4 as usize].seg as usize].live > 0).map(|c| c.2).sum()
+        self.free
+            .iter()
+            .filter(|c| {
+                !self.segments[self.blocks[c.4 as usize].seg as usize].expandable
+                    && self.segments[self.blocks[c.4 as usize].seg as usize].live > 0
+            })
+            .map(|c| c.2)
+            .sum()
     }
 }
 

@@ -83,7 +83,10 @@ pub fn parse_conf(conf: &str) -> Result<Rules, String> {
                 rules.divisions = [n; 16];
             }
             // Settings that do not change where blocks land.
-            "backend" | "release_lock_on_cudamalloc" | "pinned_use_cuda_host_register" | "pinned_num_register_threads" => {}
+            "backend"
+            | "release_lock_on_cudamalloc"
+            | "pinned_use_cuda_host_register"
+            | "pinned_num_register_threads" => {}
             other => return Err(format!("unknown allocator setting {other:?}")),
         }
     }
@@ -208,7 +211,16 @@ impl Sim<'_> {
         if frames.peek().is_some() {
             return stacks.frames(e.stack).any(|f| stacks.str(f.name) == "empty_cache");
         }
-        let creates = |a: Action| matches!(a, Action::SEGMENT_ALLOC | Action::SEGMENT_MAP | Action::SEGMENT_FREE | Action::SEGMENT_UNMAP | Action::OOM);
+        let creates = |a: Action| {
+            matches!(
+                a,
+                Action::SEGMENT_ALLOC
+                    | Action::SEGMENT_MAP
+                    | Action::SEGMENT_FREE
+                    | Action::SEGMENT_UNMAP
+                    | Action::OOM
+            )
+        };
         self.events.get(index + 1).is_none_or(|n| !creates(n.action))
     }
 
@@ -272,7 +284,9 @@ pub fn simulate(snapshot: &Snapshot, device: &Device, settings: &Settings) -> Re
     let (rules, conf) = match &settings.conf {
         Some(c) if c.trim().is_empty() => (parse_conf(c)?, "(the default allocator)".to_string()),
         Some(c) => (parse_conf(c)?, c.clone()),
-        None => (Rules::from_settings(snapshot.allocator_settings.as_ref()), "(the snapshot's own settings)".to_string()),
+        None => {
+            (Rules::from_settings(snapshot.allocator_settings.as_ref()), "(the snapshot's own settings)".to_string())
+        }
     };
     let events = snapshot.device_events(device);
     let reuse = settings.reuse.as_ref().map(|site| {

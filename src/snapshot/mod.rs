@@ -7,12 +7,14 @@
 
 mod build;
 mod error;
+mod sink;
 mod stacks;
 mod trace;
 mod validate;
 
-pub use build::{SnapshotSink, build};
+pub use build::build;
 pub use error::ModelError;
+pub use sink::SnapshotSink;
 pub use stacks::{EMPTY_STACK, Frame, FrameId, StackId, Stacks};
 pub use trace::{Action, Event, Extra, NO_TIME};
 

@@ -22,7 +22,10 @@ pub fn repair(device: &mut Device) -> Vec<String> {
     for mut seg in std::mem::take(&mut device.segments) {
         let end = seg.address.checked_add(seg.total_size);
         let Some(end) = end else {
-            warn(format!("segment {:#x} of {} bytes runs past the end of the address space: dropped", seg.address, seg.total_size));
+            warn(format!(
+                "segment {:#x} of {} bytes runs past the end of the address space: dropped",
+                seg.address, seg.total_size
+            ));
             continue;
         };
         if let Some(prev) = kept.last() {

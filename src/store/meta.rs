@@ -125,7 +125,10 @@ impl Meta {
     }
 
     pub async fn get(&self, id: &str) -> Result<Option<SnapshotRow>, StoreError> {
-        let r = sqlx::query(concat!("SELECT ", columns!(), " FROM snapshots WHERE id = ?")).bind(id).fetch_optional(&self.pool).await?;
+        let r = sqlx::query(concat!("SELECT ", columns!(), " FROM snapshots WHERE id = ?"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
         Ok(r.as_ref().map(row).transpose()?)
     }
 
@@ -139,22 +142,34 @@ impl Meta {
 
     /// Newest first.
     pub async fn list(&self, limit: u32, offset: u32) -> Result<Vec<SnapshotRow>, StoreError> {
-        let rows = sqlx::query(concat!("SELECT ", columns!(), " FROM snapshots ORDER BY created_at DESC, id LIMIT ? OFFSET ?"))
-            .bind(limit as i64)
-            .bind(offset as i64)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM snapshots ORDER BY created_at DESC, id LIMIT ? OFFSET ?"
+        ))
+        .bind(limit as i64)
+        .bind(offset as i64)
+        .fetch_all(&self.pool)
+        .await?;
         Ok(rows.iter().map(row).collect::<Result<_, _>>()?)
     }
 
-    pub async fn set_status(&self, id: &str, status: Status, error: Option<&str>, verdict: Option<&str>) -> Result<(), StoreError> {
-        sqlx::query("UPDATE snapshots SET status = ?, error = ?, verdict = ?, analyzed_at = strftime('%s','now') WHERE id = ?")
-            .bind(status.as_str())
-            .bind(error)
-            .bind(verdict)
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
+    pub async fn set_status(
+        &self,
+        id: &str,
+        status: Status,
+        error: Option<&str>,
+        verdict: Option<&str>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE snapshots SET status = ?, error = ?, verdict = ?, analyzed_at = strftime('%s','now') WHERE id = ?",
+        )
+        .bind(status.as_str())
+        .bind(error)
+        .bind(verdict)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
@@ -172,7 +187,10 @@ impl Meta {
     }
 
     pub async fn created_before(&self, unix_seconds: i64) -> Result<Vec<String>, StoreError> {
-        let rows = sqlx::query("SELECT id FROM snapshots WHERE created_at < ?").bind(unix_seconds).fetch_all(&self.pool).await?;
+        let rows = sqlx::query("SELECT id FROM snapshots WHERE created_at < ?")
+            .bind(unix_seconds)
+            .fetch_all(&self.pool)
+            .await?;
         Ok(rows.iter().map(|r| r.try_get("id")).collect::<Result<_, _>>()?)
     }
 

@@ -90,7 +90,14 @@ impl Store {
 
     /// Keeps a finished upload: the existing snapshot if the same bytes were uploaded before
     /// (then `temp` is removed), else a new queued one. Returns the row and whether it is new.
-    pub async fn add_upload(&self, temp: PathBuf, sha256: String, bytes: u64, name: String, note: String) -> Result<(SnapshotRow, bool), StoreError> {
+    pub async fn add_upload(
+        &self,
+        temp: PathBuf,
+        sha256: String,
+        bytes: u64,
+        name: String,
+        note: String,
+    ) -> Result<(SnapshotRow, bool), StoreError> {
         if let Some(row) = self.meta.by_sha256(&sha256).await? {
             let _ = std::fs::remove_file(&temp);
             return Ok((row, false));
@@ -107,7 +114,10 @@ impl Store {
             status: Status::Queued,
             error: None,
             verdict: None,
-            created_at: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0),
+            created_at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0),
         };
         match self.meta.insert(&row).await {
             Ok(()) => Ok((row, true)),

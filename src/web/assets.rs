@@ -35,7 +35,12 @@ pub const ASSETS: &[(&str, &str, &[u8])] = assets! {
 fn etags() -> &'static Vec<String> {
     static TAGS: OnceLock<Vec<String>> = OnceLock::new();
     TAGS.get_or_init(|| {
-        ASSETS.iter().map(|(_, _, bytes)| format!("\"{}\"", Sha256::digest(bytes).iter().take(8).map(|b| format!("{b:02x}")).collect::<String>())).collect()
+        ASSETS
+            .iter()
+            .map(|(_, _, bytes)| {
+                format!("\"{}\"", Sha256::digest(bytes).iter().take(8).map(|b| format!("{b:02x}")).collect::<String>())
+            })
+            .collect()
     })
 }
 

@@ -30,14 +30,20 @@ impl ApiError {
         match self {
             ApiError::NotFound(what) => (StatusCode::NOT_FOUND, "not_found", format!("no such {what}")),
             ApiError::BadRequest(d) => (StatusCode::BAD_REQUEST, "bad_request", d.clone()),
-            ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "this needs `Authorization: Bearer <token>`".into()),
+            ApiError::Unauthorized => {
+                (StatusCode::UNAUTHORIZED, "unauthorized", "this needs `Authorization: Bearer <token>`".into())
+            }
             ApiError::TooLarge(d) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large", d.clone()),
             ApiError::Timeout(d) => (StatusCode::REQUEST_TIMEOUT, "timeout", d.clone()),
             ApiError::UnsupportedMedia(d) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_format", d.clone()),
             ApiError::NotASnapshot(d) => (StatusCode::UNPROCESSABLE_ENTITY, "not_a_snapshot", d.clone()),
             ApiError::NotReady(d) => (StatusCode::CONFLICT, "not_ready", d.clone()),
             ApiError::Failed(d) => (StatusCode::UNPROCESSABLE_ENTITY, "analysis_failed", d.clone()),
-            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "something went wrong on the server; it is logged".into()),
+            ApiError::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "something went wrong on the server; it is logged".into(),
+            ),
         }
     }
 

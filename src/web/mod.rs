@@ -45,9 +45,11 @@ impl AppState {
     /// With `--token`, the request must carry it (compared in constant time).
     pub fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         let Some(token) = &self.config.token else { return Ok(()) };
-        let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        let given =
+            headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
         let Some(given) = given else { return Err(ApiError::Unauthorized) };
-        let same = given.len() == token.len() && given.bytes().zip(token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+        let same =
+            given.len() == token.len() && given.bytes().zip(token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
         if same { Ok(()) } else { Err(ApiError::Unauthorized) }
     }
 
@@ -178,4 +180,3 @@ async fn retention(store: Arc<Store>, loaded: Arc<Loaded>, days: u64) {
         }
     }
 }
-

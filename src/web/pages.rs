@@ -86,7 +86,9 @@ impl IntoResponse for PageError {
     fn into_response(self) -> Response {
         let status = self.0.status();
         let (title, detail) = match status {
-            StatusCode::NOT_FOUND => ("Not found".to_string(), "There is no snapshot at this link. It may have been deleted.".to_string()),
+            StatusCode::NOT_FOUND => {
+                ("Not found".to_string(), "There is no snapshot at this link. It may have been deleted.".to_string())
+            }
             s => (s.canonical_reason().unwrap_or("Error").to_string(), self.0.detail()),
         };
         if let ApiError::Internal(e) = &self.0 {
@@ -156,7 +158,11 @@ pub async fn home(State(app): State<AppState>) -> Result<Html<String>, PageError
     render(Home { recent, locked, max_upload: bytes(app.config.max_upload) })
 }
 
-pub async fn snapshot(State(app): State<AppState>, Path(id): Path<String>, _headers: HeaderMap) -> Result<Html<String>, PageError> {
+pub async fn snapshot(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    _headers: HeaderMap,
+) -> Result<Html<String>, PageError> {
     let row = app.row(&id).await?;
     let mut page = Snapshot {
         id: row.id.clone(),
@@ -190,14 +196,26 @@ fn fill(app: &AppState, row: &SnapshotRow, page: &mut Snapshot) -> Result<(), Pa
         page.devices.push(card);
     }
     if let Some(s) = a["allocator_settings"].as_object() {
-        page.settings = s.iter().filter(|(k, _)| *k != "roundup_power2_divisions").map(|(k, v)| (k.clone(), v.to_string())).collect();
+        page.settings = s
+            .iter()
+            .filter(|(k, _)| *k != "roundup_power2_divisions")
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect();
     }
     page.annotations = a["annotations"]
         .as_array()
         .into_iter()
         .flatten()
         .take(200)
-        .map(|x| format!("{} {} (device {}, {} µs)", x["stage"].as_str().unwrap_or(""), x["name"].as_str().unwrap_or(""), x["device"], x["time_us"]))
+        .map(|x| {
+            format!(
+                "{} {} (device {}, {} µs)",
+                x["stage"].as_str().unwrap_or(""),
+                x["name"].as_str().unwrap_or(""),
+                x["device"],
+                x["time_us"]
+            )
+        })
         .collect();
     Ok(())
 }
@@ -241,8 +259,15 @@ fn device_card(d: &Value) -> DeviceCard {
             },
         })
         .collect();
-    let mut warnings: Vec<String> = d["replay"]["first_warnings"].as_array().into_iter().flatten().filter_map(|w| w.as_str().map(String::from)).collect();
-    warnings.extend(d["replay"]["mismatches"].as_array().into_iter().flatten().filter_map(|w| w.as_str().map(String::from)));
+    let mut warnings: Vec<String> = d["replay"]["first_warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| w.as_str().map(String::from))
+        .collect();
+    warnings.extend(
+        d["replay"]["mismatches"].as_array().into_iter().flatten().filter_map(|w| w.as_str().map(String::from)),
+    );
     if d["trace"]["complete"] == false {
         warnings.insert(0, "The trace does not reach back to an empty allocator (its oldest events were dropped): the start is reconstructed from the end.".into());
     }

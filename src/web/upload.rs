@@ -43,7 +43,16 @@ struct Spool {
 impl Spool {
     async fn new(path: PathBuf, max: u64, grace: std::time::Duration) -> Result<Spool, ApiError> {
         let file = tokio::fs::File::create(&path).await.map_err(|e| ApiError::Internal(format!("temp file: {e}")))?;
-        Ok(Spool { started: std::time::Instant::now(), grace, file, path, hasher: Sha256::new(), bytes: 0, head: Vec::new(), max })
+        Ok(Spool {
+            started: std::time::Instant::now(),
+            grace,
+            file,
+            path,
+            hasher: Sha256::new(),
+            bytes: 0,
+            head: Vec::new(),
+            max,
+        })
     }
 
     async fn write(&mut self, chunk: &[u8]) -> Result<(), ApiError> {
@@ -56,7 +65,10 @@ impl Spool {
             )));
         }
         if self.bytes > self.max {
-            return Err(ApiError::TooLarge(format!("the upload is larger than the server's limit of {} bytes", self.max)));
+            return Err(ApiError::TooLarge(format!(
+                "the upload is larger than the server's limit of {} bytes",
+                self.max
+            )));
         }
         if self.head.len() < 64 {
             self.head.extend_from_slice(&chunk[..chunk.len().min(64 - self.head.len())]);
@@ -65,13 +77,26 @@ impl Spool {
         self.file.write_all(chunk).await.map_err(|e| ApiError::Internal(format!("temp file: {e}")))
     }
 
-    async fn finish(mut self, filename: Option<String>, name: Option<String>, note: Option<String>) -> Result<Received, ApiError> {
+    async fn finish(
+        mut self,
+        filename: Option<String>,
+        name: Option<String>,
+        note: Option<String>,
+    ) -> Result<Received, ApiError> {
         self.file.flush().await.map_err(|e| ApiError::Internal(format!("temp file: {e}")))?;
         if self.bytes == 0 {
             return Err(ApiError::BadRequest("the upload is empty".into()));
         }
         let sha256 = self.hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
-        Ok(Received { temp: self.path.clone(), sha256, bytes: self.bytes, head: std::mem::take(&mut self.head), filename, name, note })
+        Ok(Received {
+            temp: self.path.clone(),
+            sha256,
+            bytes: self.bytes,
+            head: std::mem::take(&mut self.head),
+            filename,
+            name,
+            note,
+        })
     }
 }
 
@@ -79,7 +104,12 @@ impl Spool {
 /// sends nothing for `idle`, or averages under 64 KiB/s once `idle` has passed, is cut off
 /// (408): a slow sender holds a connection, never an analysis slot (those are taken only once
 /// the whole upload is here).
-pub async fn receive(request: Request, temp: PathBuf, max: u64, idle: std::time::Duration) -> Result<Received, ApiError> {
+pub async fn receive(
+    request: Request,
+    temp: PathBuf,
+    max: u64,
+    idle: std::time::Duration,
+) -> Result<Received, ApiError> {
     let result = receive_inner(request, temp.clone(), max, idle).await;
     if result.is_err() {
         let _ = tokio::fs::remove_file(&temp).await;
@@ -91,7 +121,12 @@ fn too_slow(idle: std::time::Duration) -> ApiError {
     ApiError::Timeout(format!("the upload sent nothing for {} s", idle.as_secs()))
 }
 
-async fn receive_inner(request: Request, temp: PathBuf, max: u64, idle: std::time::Duration) -> Result<Received, ApiError> {
+async fn receive_inner(
+    request: Request,
+    temp: PathBuf,
+    max: u64,
+    idle: std::time::Duration,
+) -> Result<Received, ApiError> {
     let is_form = request
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
@@ -108,7 +143,11 @@ async fn receive_inner(request: Request, temp: PathBuf, max: u64, idle: std::tim
     }
     let mut form = Multipart::from_request(request, &()).await.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let (mut filename, mut name, mut note, mut got_file) = (None, None, None, false);
-    while let Some(mut field) = tokio::time::timeout(idle, form.next_field()).await.map_err(|_| too_slow(idle))?.map_err(|e| ApiError::BadRequest(e.body_text()))? {
+    while let Some(mut field) = tokio::time::timeout(idle, form.next_field())
+        .await
+        .map_err(|_| too_slow(idle))?
+        .map_err(|e| ApiError::BadRequest(e.body_text()))?
+    {
         let field_name = field.name().unwrap_or("").to_string();
         if field.file_name().is_some() || field_name == "file" {
             if got_file {
@@ -116,7 +155,11 @@ async fn receive_inner(request: Request, temp: PathBuf, max: u64, idle: std::tim
             }
             got_file = true;
             filename = field.file_name().map(|s| s.to_string());
-            while let Some(chunk) = tokio::time::timeout(idle, field.chunk()).await.map_err(|_| too_slow(idle))?.map_err(|e| ApiError::BadRequest(e.body_text()))? {
+            while let Some(chunk) = tokio::time::timeout(idle, field.chunk())
+                .await
+                .map_err(|_| too_slow(idle))?
+                .map_err(|e| ApiError::BadRequest(e.body_text()))?
+            {
                 spool.write(&chunk).await?;
             }
         } else if field_name == "name" || field_name == "note" {

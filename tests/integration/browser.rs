@@ -35,7 +35,8 @@ fn driver() -> Option<Driver> {
         return None;
     }
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(DRIVER).arg(format!("--port={port}")).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let child =
+        Command::new(DRIVER).arg(format!("--port={port}")).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             break;
@@ -96,7 +97,8 @@ async fn js(c: &Client, script: &str) -> Value {
 
 /// The segment map's geometry, as the page drew it.
 async fn layout(c: &Client) -> Value {
-    serde_json::from_str(js(c, "return document.getElementById('segmap').dataset.layout").await.as_str().unwrap()).unwrap()
+    serde_json::from_str(js(c, "return document.getElementById('segmap').dataset.layout").await.as_str().unwrap())
+        .unwrap()
 }
 
 async fn pixel(c: &Client, x: f64, y: f64) -> [u8; 3] {
@@ -165,7 +167,13 @@ fn the_map_draws_the_pinned_gap_hover_shows_frames_the_cursor_moves_the_map_and_
         let base = u64::from_str_radix(&row0[2..], 16).unwrap() as f64;
         let gap = seg["blocks"].as_array().unwrap().iter().find(|b| b["state"] == "inactive").unwrap();
         let live = seg["blocks"].as_array().unwrap().iter().find(|b| b["state"] == "active_allocated").unwrap();
-        let (label, bpp, x0, top, bar) = (l["label"].as_f64().unwrap(), l["bpp"].as_f64().unwrap(), l["x0"].as_f64().unwrap(), l["top"].as_f64().unwrap(), l["bar"].as_f64().unwrap());
+        let (label, bpp, x0, top, bar) = (
+            l["label"].as_f64().unwrap(),
+            l["bpp"].as_f64().unwrap(),
+            l["x0"].as_f64().unwrap(),
+            l["top"].as_f64().unwrap(),
+            l["bar"].as_f64().unwrap(),
+        );
         let x_of = |b: &Value, frac: f64| {
             let off = u64::from_str_radix(&b["address"].as_str().unwrap()[2..], 16).unwrap() as f64 - base;
             label + (off + b["size"].as_f64().unwrap() * frac - x0) / bpp
@@ -188,7 +196,10 @@ fn the_map_draws_the_pinned_gap_hover_shows_frames_the_cursor_moves_the_map_and_
         // Hover over the live block: the tooltip names its frames.
         js(&c, "document.getElementById('segmap').scrollIntoView({block: 'center'})").await;
         let canvas = c.find(Locator::Css("#segmap")).await.unwrap();
-        let (w, h) = (js(&c, "return document.getElementById('segmap').clientWidth").await.as_f64().unwrap(), js(&c, "return document.getElementById('segmap').clientHeight").await.as_f64().unwrap());
+        let (w, h) = (
+            js(&c, "return document.getElementById('segmap').clientWidth").await.as_f64().unwrap(),
+            js(&c, "return document.getElementById('segmap').clientHeight").await.as_f64().unwrap(),
+        );
         let mouse = MouseActions::new("mouse".into()).then(PointerAction::MoveToElement {
             element: canvas.clone(),
             x: (x_of(live, 0.5) - w / 2.0).round(),
@@ -196,7 +207,11 @@ fn the_map_draws_the_pinned_gap_hover_shows_frames_the_cursor_moves_the_map_and_
             duration: None,
         });
         c.perform_actions(mouse).await.unwrap();
-        let text = js(&c, "const t = document.getElementById('tooltip'); return t.hidden ? '' : t.textContent").await.as_str().unwrap().to_string();
+        let text = js(&c, "const t = document.getElementById('tooltip'); return t.hidden ? '' : t.textContent")
+            .await
+            .as_str()
+            .unwrap()
+            .to_string();
         assert!(text.contains("active_allocated") && text.contains("big_small_step"), "tooltip: {text}");
         screenshot(&c, "seed-hover").await;
         // The arrow key moves the cursor, and the map follows.
@@ -271,7 +286,12 @@ fn script_in_frame_names_user_metadata_file_names_and_notes_runs_nowhere() {
         let x = l["label"].as_f64().unwrap() + 40.0;
         let y = l["top"].as_f64().unwrap() + 8.0;
         let click = MouseActions::new("mouse".into())
-            .then(PointerAction::MoveToElement { element: canvas, x: (x - w / 2.0).round(), y: (y - h / 2.0).round(), duration: None })
+            .then(PointerAction::MoveToElement {
+                element: canvas,
+                x: (x - w / 2.0).round(),
+                y: (y - h / 2.0).round(),
+                duration: None,
+            })
             .then(PointerAction::Down { button: 0 })
             .then(PointerAction::Up { button: 0 });
         c.perform_actions(click).await.unwrap();
@@ -281,10 +301,17 @@ fn script_in_frame_names_user_metadata_file_names_and_notes_runs_nowhere() {
         assert!(text.contains("<img src=x onerror=\"window.__pwned=3\">"), "the name is shown as text");
         assert!(text.contains("<script>window.__pwned=4</script>"), "the note is shown as text");
         assert_eq!(js(&c, "return window.__pwned === undefined").await, json!(true), "a script ran");
-        assert_eq!(js(&c, "return document.querySelectorAll('img').length").await, json!(0), "markup from the snapshot was rendered");
+        assert_eq!(
+            js(&c, "return document.querySelectorAll('img').length").await,
+            json!(0),
+            "markup from the snapshot was rendered"
+        );
         screenshot(&c, "hostile-text").await;
         c.goto(&server.url("/")).await.unwrap();
-        assert_eq!(js(&c, "return window.__pwned === undefined && document.querySelectorAll('img').length === 0").await, json!(true));
+        assert_eq!(
+            js(&c, "return window.__pwned === undefined && document.querySelectorAll('img').length === 0").await,
+            json!(true)
+        );
         c.close().await.unwrap();
     });
 }

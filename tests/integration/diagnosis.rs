@@ -5,7 +5,6 @@
 use std::process::Command;
 use std::time::Duration;
 
-
 use crate::util::*;
 
 /// "3.05 GiB" -> bytes, as torch's format_size wrote it.
@@ -47,7 +46,11 @@ fn oom_figures_agree_with_the_message_pytorch_printed() {
         let tried = msg.split("Tried to allocate ").nth(1).unwrap();
         let tried: Vec<&str> = tried.split_whitespace().take(2).collect();
         let tried = (tried[0], tried[1].trim_end_matches('.'));
-        assert!(agrees(oom["allocation_bytes"].as_u64().unwrap(), tried), "{name}: tried {tried:?}, ours {}", oom["allocation_bytes"]);
+        assert!(
+            agrees(oom["allocation_bytes"].as_u64().unwrap(), tried),
+            "{name}: tried {tried:?}, ours {}",
+            oom["allocation_bytes"]
+        );
         assert!(agrees(alloc, before(msg, "is allocated by PyTorch")), "{name}: allocated {alloc} vs {msg}");
         let unalloc = before(msg, "is reserved by PyTorch but unallocated");
         assert!(agrees(reserved - alloc, unalloc), "{name}: unallocated {} vs {unalloc:?}", reserved - alloc);
@@ -91,8 +94,12 @@ fn seed_frag_default_is_fragmentation_with_six_pinned_segments_and_the_remedies(
     assert!(code.contains("torch.cuda.MemPool()") && code.contains(&site), "{code} lacks {site}");
     let kinds: Vec<&str> = remedies.iter().map(|r| r["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["expandable_segments", "mempool", "max_split_size", "reuse_buffer"], "order of preference");
-    let n: u64 = remedy("max_split_size")["setting_or_code"].as_str().unwrap().rsplit(':').next().unwrap().parse().unwrap();
-    assert!(n * (1 << 20) > small && n * (1 << 20) <= big && n >= 20, "max_split_size_mb:{n} must sit above the small and at most the big blocks");
+    let n: u64 =
+        remedy("max_split_size")["setting_or_code"].as_str().unwrap().rsplit(':').next().unwrap().parse().unwrap();
+    assert!(
+        n * (1 << 20) > small && n * (1 << 20) <= big && n >= 20,
+        "max_split_size_mb:{n} must sit above the small and at most the big blocks"
+    );
 }
 
 #[test]
@@ -112,7 +119,8 @@ fn analysis_peaks_equal_torchs_where_the_trace_is_complete() {
                 continue;
             }
             let stats = &truth["memory_stats"];
-            let stats = if stats.get("reserved_bytes.all.peak").is_some() { stats } else { &stats[d["device"].to_string()] };
+            let stats =
+                if stats.get("reserved_bytes.all.peak").is_some() { stats } else { &stats[d["device"].to_string()] };
             assert_eq!(d["peak"]["reserved_bytes"], stats["reserved_bytes.all.peak"], "{name}");
         }
     }

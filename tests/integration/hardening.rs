@@ -73,7 +73,8 @@ fn a_kill_in_the_middle_of_an_upload_leaves_nothing_half_written() {
     server.wait_done(&kept);
     let url = server.url("/api/v1/snapshots");
     let sender = std::thread::spawn(move || {
-        let body = Body::new(Trickle { left: 100 << 20, chunk: 1 << 20, every: Duration::from_millis(50), first: true });
+        let body =
+            Body::new(Trickle { left: 100 << 20, chunk: 1 << 20, every: Duration::from_millis(50), first: true });
         let _ = TestServer::client().post(url).body(body).send();
     });
     let tmp = server.data.join("tmp");
@@ -94,7 +95,8 @@ fn a_kill_in_the_middle_of_an_upload_leaves_nothing_half_written() {
 #[test]
 fn a_kill_in_the_middle_of_an_analysis_runs_it_again() {
     let mut server = TestServer::start(&["--analysis-workers", "1"]);
-    let r = TestServer::client().post(server.url("/api/v1/snapshots")).body(synthetic_snapshot(900_000)).send().unwrap();
+    let r =
+        TestServer::client().post(server.url("/api/v1/snapshots")).body(synthetic_snapshot(900_000)).send().unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let id = r.json::<Value>().unwrap()["id"].as_str().unwrap().to_string();
     let start = Instant::now();
@@ -107,7 +109,10 @@ fn a_kill_in_the_middle_of_an_analysis_runs_it_again() {
     let again = TestServer::start_in(&data, &[]);
     let s = again.wait_done(&id);
     assert_eq!(s["status"], "ready", "the interrupted analysis ran again: {s}");
-    assert_eq!(again.get_json(&format!("/api/v1/snapshots/{id}/analysis"))["devices"][0]["trace"]["events"], 1 + 3 * 900_000);
+    assert_eq!(
+        again.get_json(&format!("/api/v1/snapshots/{id}/analysis"))["devices"][0]["trace"]["events"],
+        1 + 3 * 900_000
+    );
     assert_no_orphans(&again);
 }
 
@@ -178,7 +183,8 @@ fn ids_are_random_and_wrong_ids_and_paths_reach_nothing() {
     let server = TestServer::start(&[]);
     let ids: Vec<u128> = (1..=12)
         .map(|k| {
-            let r = TestServer::client().post(server.url("/api/v1/snapshots")).body(synthetic_snapshot(k)).send().unwrap();
+            let r =
+                TestServer::client().post(server.url("/api/v1/snapshots")).body(synthetic_snapshot(k)).send().unwrap();
             u128::from_str_radix(r.json::<Value>().unwrap()["id"].as_str().unwrap(), 16).unwrap()
         })
         .collect();
@@ -193,7 +199,12 @@ fn ids_are_random_and_wrong_ids_and_paths_reach_nothing() {
     assert_eq!(unknown.status().as_u16(), 404);
     assert_eq!(malformed.status().as_u16(), 404);
     assert_eq!(unknown.text().unwrap(), malformed.text().unwrap(), "a wrong id tells nothing");
-    for path in ["/static/../../../../etc/passwd", "/static/%2e%2e/%2e%2e/etc/passwd", "/s/..%2F..%2Ffragscope.db", "/api/v1/snapshots/..%2Ffragscope.db/blob"] {
+    for path in [
+        "/static/../../../../etc/passwd",
+        "/static/%2e%2e/%2e%2e/etc/passwd",
+        "/s/..%2F..%2Ffragscope.db",
+        "/api/v1/snapshots/..%2Ffragscope.db/blob",
+    ] {
         let r = server.get(path);
         assert_eq!(r.status().as_u16(), 404, "{path}");
         assert!(!r.text().unwrap().contains("root:"), "{path}");
@@ -203,5 +214,8 @@ fn ids_are_random_and_wrong_ids_and_paths_reach_nothing() {
         assert_eq!(r.headers()[h], want);
     }
     let csp = r.headers()["content-security-policy"].to_str().unwrap();
-    assert!(csp.contains("frame-ancestors 'none'") && csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"), "{csp}");
+    assert!(
+        csp.contains("frame-ancestors 'none'") && csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
 }

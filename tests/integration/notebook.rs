@@ -6,7 +6,11 @@ use std::time::Duration;
 use crate::util::*;
 
 fn has_pandas() -> bool {
-    Command::new("python3").args(["-c", "import requests, pandas"]).output().map(|o| o.status.success()).unwrap_or(false)
+    Command::new("python3")
+        .args(["-c", "import requests, pandas"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
 }
 
 #[test]
@@ -25,8 +29,10 @@ fn the_notebook_uploads_waits_and_loads_dataframes() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("verdict: fragmentation"), "{text}");
-    let id = text.lines().find_map(|l| l.strip_prefix("page: ")).and_then(|u| u.rsplit('/').next()).unwrap().to_string();
-    let events = server.get_json(&format!("/api/v1/snapshots/{id}/analysis"))["devices"][0]["trace"]["events"].as_u64().unwrap();
+    let id =
+        text.lines().find_map(|l| l.strip_prefix("page: ")).and_then(|u| u.rsplit('/').next()).unwrap().to_string();
+    let events =
+        server.get_json(&format!("/api/v1/snapshots/{id}/analysis"))["devices"][0]["trace"]["events"].as_u64().unwrap();
     assert!(text.contains(&format!("timeline: {events} rows")), "{text}");
     assert!(text.contains("pinners: 1 rows"), "{text}");
     assert!(text.contains("mempool (APPLIES)"), "{text}");
@@ -36,7 +42,8 @@ fn the_notebook_uploads_waits_and_loads_dataframes() {
 fn the_ipynb_holds_the_same_cells_as_the_script() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
     let script = std::fs::read_to_string(root.join("notebook.py")).unwrap();
-    let nb: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root.join("notebook.ipynb")).unwrap()).unwrap();
+    let nb: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("notebook.ipynb")).unwrap()).unwrap();
     let cells: Vec<String> = nb["cells"]
         .as_array()
         .unwrap()

@@ -27,7 +27,10 @@ fn full_replay_ends_at_the_final_segments_on_every_fixture() {
                 failures.push(format!("{name} device {}: {m}", d.device));
             }
             if replay.warnings.count > 0 && replay.complete {
-                failures.push(format!("{name}: {} warnings on a complete trace: {:?}", replay.warnings.count, replay.warnings.first));
+                failures.push(format!(
+                    "{name}: {} warnings on a complete trace: {:?}",
+                    replay.warnings.count, replay.warnings.first
+                ));
             }
         }
     }
@@ -45,7 +48,8 @@ fn complete_traces_reach_torchs_peak_reserved() {
             let mut peak = Peak::default();
             let replay = Replay::run(&snap, d, &mut peak);
             let stats = &truth["memory_stats"];
-            let stats = if stats.get("reserved_bytes.all.peak").is_some() { stats } else { &stats[d.device.to_string()] };
+            let stats =
+                if stats.get("reserved_bytes.all.peak").is_some() { stats } else { &stats[d.device.to_string()] };
             let want = stats["reserved_bytes.all.peak"].as_u64().unwrap();
             if !replay.complete {
                 continue;

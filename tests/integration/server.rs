@@ -68,7 +68,10 @@ fn big_uploads_answer_at_once_and_report_progress() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     assert!(seen.iter().all(|(_, p)| (0.0..=1.0).contains(p)), "{seen:?}");
-    assert!(seen.iter().any(|(s, p)| s == "analyzing" && *p > 0.0 && *p < 1.0), "progress never seen between 0 and 1: {seen:?}");
+    assert!(
+        seen.iter().any(|(s, p)| s == "analyzing" && *p > 0.0 && *p < 1.0),
+        "progress never seen between 0 and 1: {seen:?}"
+    );
     let a = server.get_json(&format!("/api/v1/snapshots/{id}/analysis"));
     assert_eq!(a["devices"][0]["trace"]["events"], 1 + 3 * 600_000);
 }
@@ -139,7 +142,8 @@ fn a_restart_serves_every_link_without_parsing_again() {
         assert_eq!(server.wait_done(&id)["status"], "ready");
         ids.push(id);
     }
-    let before: Vec<Value> = ids.iter().map(|id| server.get_json(&format!("/api/v1/snapshots/{id}/analysis"))).collect();
+    let before: Vec<Value> =
+        ids.iter().map(|id| server.get_json(&format!("/api/v1/snapshots/{id}/analysis"))).collect();
     server.kill();
     let data = server.data.clone();
     let again = TestServer::start_in(&data, &[]);
@@ -176,14 +180,22 @@ fn bad_input_gets_a_4xx_naming_the_problem_and_the_server_keeps_serving() {
         ("gigabyte_string.pickle", 413, "string length"),
     ];
     for (file, status, words) in cases {
-        let r = TestServer::client().post(server.url("/api/v1/snapshots")).body(std::fs::read(hostile().join(file)).unwrap()).send().unwrap();
+        let r = TestServer::client()
+            .post(server.url("/api/v1/snapshots"))
+            .body(std::fs::read(hostile().join(file)).unwrap())
+            .send()
+            .unwrap();
         assert_eq!(r.status().as_u16(), status, "{file}");
         let e: Value = r.json().unwrap();
         assert!(e["error"].is_string() && e["detail"].as_str().unwrap().contains(words), "{file}: {e}");
         assert_eq!(server.get("/api/v1/snapshots").status().as_u16(), 200, "server down after {file}");
     }
     assert!(server.get_json("/api/v1/snapshots").as_array().unwrap().is_empty(), "a refused upload was kept");
-    for (path, status) in [("/api/v1/snapshots/nothere", 404), ("/api/v1/nothing", 404), ("/api/v1/snapshots/0123456789abcdef0123456789abcdef/devices/x/state", 400)] {
+    for (path, status) in [
+        ("/api/v1/snapshots/nothere", 404),
+        ("/api/v1/nothing", 404),
+        ("/api/v1/snapshots/0123456789abcdef0123456789abcdef/devices/x/state", 400),
+    ] {
         let r = server.get(path);
         assert_eq!(r.status().as_u16(), status, "{path}");
         assert!(r.json::<Value>().unwrap()["detail"].is_string(), "{path}");
@@ -224,7 +236,11 @@ fn delete_removes_the_blob_the_results_and_the_link() {
     let r = TestServer::client().delete(server.url(&format!("/api/v1/snapshots/{id}"))).send().unwrap();
     assert_eq!(r.status().as_u16(), 204);
     assert!(!blob.exists() && !results.exists());
-    for path in [format!("/api/v1/snapshots/{id}"), format!("/api/v1/snapshots/{id}/analysis"), format!("/api/v1/snapshots/{id}/blob")] {
+    for path in [
+        format!("/api/v1/snapshots/{id}"),
+        format!("/api/v1/snapshots/{id}/analysis"),
+        format!("/api/v1/snapshots/{id}/blob"),
+    ] {
         assert_eq!(server.get(&path).status().as_u16(), 404, "{path}");
     }
 }
@@ -254,14 +270,16 @@ fn views_answer_with_hex_addresses_and_binary_timelines() {
     assert_eq!(events["events"].as_array().unwrap().len(), 2);
     assert_eq!(events["events"][0]["index"], 1);
     assert!(events["events"][0]["address"].as_str().unwrap().starts_with("0x"));
-    let bin = TestServer::client().get(server.url(&format!("{base}/devices/0/timeline?points=4&format=bin"))).send().unwrap();
+    let bin =
+        TestServer::client().get(server.url(&format!("{base}/devices/0/timeline?points=4&format=bin"))).send().unwrap();
     assert_eq!(bin.headers()["content-type"], "application/octet-stream");
     let bytes = bin.bytes().unwrap();
     let f: Vec<f64> = bytes.chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
     assert_eq!(f.len(), 3 + 4 * 12);
     let json = server.get_json(&format!("{base}/devices/0/timeline?points=4"));
     assert_eq!(f[0] as usize, json["event"].as_array().unwrap().len());
-    let reserved_max_json: Vec<f64> = json["series"]["reserved_bytes"]["max"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let reserved_max_json: Vec<f64> =
+        json["series"]["reserved_bytes"]["max"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
     // Layout: [n, start, end], events, times, then min and max of each series in order.
     assert_eq!(&f[3 + 4 * 3..3 + 4 * 4], reserved_max_json.as_slice());
     let pinners = server.get_json(&format!("{base}/devices/0/pinners?event=30"));

@@ -80,7 +80,10 @@ fn the_seed_run_dies_under_the_default_allocator_and_each_remedy_saves_it() {
     // with the real run of that remedy over the same requests.
     assert_eq!(truth["info"]["small_bytes"], 520 << 20);
     let steps = truth["info"]["steps_survived"].as_u64().unwrap().to_string();
-    let frame = python_json("import json,pickle,sys; s=pickle.load(open(sys.argv[1],'rb')); e=[e for e in s['device_traces'][0] if e['action']=='oom'][0]; print(json.dumps('%s:%d' % (e['frames'][0]['filename'], e['frames'][0]['line'])))", &[&seed]);
+    let frame = python_json(
+        "import json,pickle,sys; s=pickle.load(open(sys.argv[1],'rb')); e=[e for e in s['device_traces'][0] if e['action']=='oom'][0]; print(json.dumps('%s:%d' % (e['frames'][0]['filename'], e['frames'][0]['line'])))",
+        &[&seed],
+    );
     let site = frame.as_str().unwrap();
     for (args, real) in [
         (vec!["--conf", "expandable_segments:True"], "seed_frag_expandable"),
@@ -92,7 +95,8 @@ fn the_seed_run_dies_under_the_default_allocator_and_each_remedy_saves_it() {
         a.extend(["--capacity", &cap]);
         let o = simulate(&seed, &a);
         assert!(o["oom"].is_null(), "{args:?}: {o}");
-        let want = python_json(PY_PREFIX, &[&snapshot_path(real), std::path::Path::new(&steps)])["peak"].as_u64().unwrap();
+        let want =
+            python_json(PY_PREFIX, &[&snapshot_path(real), std::path::Path::new(&steps)])["peak"].as_u64().unwrap();
         let got = o["peak_reserved_bytes"].as_u64().unwrap();
         assert!(pct(got, want) <= 5.0, "{args:?}: simulated peak {got}, real {real} {want}");
     }
@@ -117,10 +121,21 @@ fn runs_that_died_die_at_their_real_event() {
 #[test]
 fn the_json_has_the_documented_shape_and_bad_settings_are_refused() {
     let o = simulate(&snapshot_path("seed_frag_default"), &["--conf", "max_split_size_mb:256"]);
-    for key in ["device", "conf", "capacity_bytes", "replayed_events", "peak_reserved_bytes", "peak_allocated_bytes", "oom", "final_reserved_bytes", "pinned_free_bytes_at_end"] {
+    for key in [
+        "device",
+        "conf",
+        "capacity_bytes",
+        "replayed_events",
+        "peak_reserved_bytes",
+        "peak_allocated_bytes",
+        "oom",
+        "final_reserved_bytes",
+        "pinned_free_bytes_at_end",
+    ] {
         assert!(o.get(key).is_some(), "{key} missing from {o}");
     }
-    for bad in [vec!["--conf", "max_split_size_mb:5"], vec!["--conf", "nonsense:1"], vec!["--mempool", "nowhere.py:1"]] {
+    for bad in [vec!["--conf", "max_split_size_mb:5"], vec!["--conf", "nonsense:1"], vec!["--mempool", "nowhere.py:1"]]
+    {
         let mut cmd = Command::new(bin());
         cmd.arg("simulate").arg(snapshot_path("seed_frag_default")).args(&bad);
         let out = run_bounded(cmd, Duration::from_secs(60));
@@ -139,7 +154,8 @@ fn the_api_simulates_too() {
     server.wait_done(&id);
     let o = server.get_json(&format!("/api/v1/snapshots/{id}/devices/0/simulate?conf=&capacity=6GiB"));
     assert!(o["oom"].is_object());
-    let o = server.get_json(&format!("/api/v1/snapshots/{id}/devices/0/simulate?conf=expandable_segments:True&capacity=6GiB"));
+    let o = server
+        .get_json(&format!("/api/v1/snapshots/{id}/devices/0/simulate?conf=expandable_segments:True&capacity=6GiB"));
     assert!(o["oom"].is_null());
     let r = server.get(&format!("/api/v1/snapshots/{id}/devices/0/simulate?conf=bogus:1"));
     assert_eq!(r.status().as_u16(), 400);
@@ -168,17 +184,26 @@ fn the_dynamic_workload_dies_under_the_default_allocator_as_the_real_run_did() {
     assert!(oom.is_object(), "the default allocator must run out of memory: {o}");
     let gib = |v: f64| v / 1073741824.0;
     let (alloc, reserved) = (oom["allocated_bytes"].as_f64().unwrap(), oom["reserved_bytes"].as_f64().unwrap());
-    assert!((gib(alloc) - gib(message_bytes(msg, "is allocated by PyTorch"))).abs() < 0.005, "allocated {alloc} vs {msg}");
+    assert!(
+        (gib(alloc) - gib(message_bytes(msg, "is allocated by PyTorch"))).abs() < 0.005,
+        "allocated {alloc} vs {msg}"
+    );
     let unallocated = message_bytes(msg, "is reserved by PyTorch but unallocated");
     assert!((gib(reserved - alloc) - gib(unallocated)).abs() < 0.005, "reserved {reserved} vs {msg}");
     let tried = msg.split("Tried to allocate ").nth(1).unwrap().split(". GPU").next().unwrap();
-    assert!((gib(oom["requested_bytes"].as_f64().unwrap()) - gib(message_bytes(&format!("{tried} x"), " x"))).abs() < 0.005, "{tried}");
+    assert!(
+        (gib(oom["requested_bytes"].as_f64().unwrap()) - gib(message_bytes(&format!("{tried} x"), " x"))).abs() < 0.005,
+        "{tried}"
+    );
 }
 
 #[test]
 fn the_gpt_run_under_expandable_segments_peaks_where_the_real_one_did() {
     let want = truth("train_gpt_expandable")["memory_stats"]["reserved_bytes.all.peak"].as_u64().unwrap();
-    let got = simulate(&snapshot_path("train_gpt_default"), &["--conf", "expandable_segments:True"])["peak_reserved_bytes"].as_u64().unwrap();
+    let got =
+        simulate(&snapshot_path("train_gpt_default"), &["--conf", "expandable_segments:True"])["peak_reserved_bytes"]
+            .as_u64()
+            .unwrap();
     assert!(pct(got, want) <= 1.0, "predicted {got}, real {want}");
 }
 
@@ -187,7 +212,8 @@ fn the_dynamic_workload_under_expandable_segments_peaks_where_the_real_one_did()
     let real = truth("dynamic_expandable");
     let want = real["memory_stats"]["reserved_bytes.all.peak"].as_u64().unwrap();
     let cap = real["info"]["cap_bytes"].as_u64().unwrap().to_string();
-    let o = simulate(&snapshot_path("dynamic_maxsplit128"), &["--conf", "expandable_segments:True", "--capacity", &cap]);
+    let o =
+        simulate(&snapshot_path("dynamic_maxsplit128"), &["--conf", "expandable_segments:True", "--capacity", &cap]);
     assert!(o["oom"].is_null(), "{o}");
     let got = o["peak_reserved_bytes"].as_u64().unwrap();
     assert!(pct(got, want) <= 5.0, "predicted {got}, real {want}");

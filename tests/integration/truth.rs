@@ -38,7 +38,10 @@ fn final_counters_equal_torch_counters_on_every_fixture() {
                 let want = &stats[theirs];
                 assert!(want.is_u64(), "{name}: truth lacks {theirs}");
                 if &d["final"][ours] != want {
-                    failures.push(format!("{name} device {device}: final.{ours} = {}, torch {theirs} = {want}", d["final"][ours]));
+                    failures.push(format!(
+                        "{name} device {device}: final.{ours} = {}, torch {theirs} = {want}",
+                        d["final"][ours]
+                    ));
                 }
             }
         }
@@ -84,7 +87,12 @@ fn trace_counts_equal_python_pickle_counts() {
             });
             json_diff(&format!("{name} device {}.trace", d["device"]), &want_trace, &d["trace"], &mut failures);
             let largest = want.get("largest_free_block_bytes").cloned().unwrap_or(json!(0));
-            json_diff(&format!("{name}.final.largest_free_block_bytes"), &largest, &d["final"]["largest_free_block_bytes"], &mut failures);
+            json_diff(
+                &format!("{name}.final.largest_free_block_bytes"),
+                &largest,
+                &d["final"]["largest_free_block_bytes"],
+                &mut failures,
+            );
         }
     }
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
@@ -100,7 +108,10 @@ fn source_reports_encoding_and_hash() {
     assert_eq!(a["source"]["compression"], "none");
     assert_eq!(a["source"]["pickle_protocol"], 4);
     // sha256 by python's hashlib, not ours
-    let sha = python_json("import hashlib,json,sys; print(json.dumps(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest()))", &[&path]);
+    let sha = python_json(
+        "import hashlib,json,sys; print(json.dumps(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest()))",
+        &[&path],
+    );
     assert_eq!(a["source"]["sha256"], sha);
     let zst = analyze_json(&snapshot_path("train_gpt_default"));
     assert_eq!(zst["source"]["compression"], "zstd");

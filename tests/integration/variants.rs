@@ -49,10 +49,12 @@ fn reencoded_snapshots_give_identical_analyses() {
         std::fs::write(&zst, zstd::encode_all(&raw[..], 3).unwrap()).unwrap();
         let json_gz = stem.with_extension("json.gz");
         let json = std::fs::read(stem.with_extension("json")).unwrap();
-        let mut enc = flate2::write::GzEncoder::new(std::fs::File::create(&json_gz).unwrap(), flate2::Compression::fast());
+        let mut enc =
+            flate2::write::GzEncoder::new(std::fs::File::create(&json_gz).unwrap(), flate2::Compression::fast());
         enc.write_all(&json).unwrap();
         enc.finish().unwrap();
-        let mut variants: Vec<_> = made.iter().filter(|m| m.contains(&format!("/{name}."))).map(std::path::PathBuf::from).collect();
+        let mut variants: Vec<_> =
+            made.iter().filter(|m| m.contains(&format!("/{name}."))).map(std::path::PathBuf::from).collect();
         variants.extend([gz, zst, json_gz]);
         for v in &variants {
             let got = analyze_json(v);

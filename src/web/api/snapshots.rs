@@ -38,7 +38,12 @@ fn clean(text: &str, max: usize) -> String {
     text.chars().filter(|c| !c.is_control()).take(max).collect::<String>().trim().to_string()
 }
 
-pub async fn create(State(app): State<AppState>, headers: HeaderMap, Query(q): Query<CreateQuery>, request: Request) -> Result<(StatusCode, Json<Created>), ApiError> {
+pub async fn create(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<CreateQuery>,
+    request: Request,
+) -> Result<(StatusCode, Json<Created>), ApiError> {
     app.authorize(&headers)?;
     let idle = std::time::Duration::from_secs(app.config.request_timeout_secs);
     let got = upload::receive(request, app.store.temp_path(), app.config.max_upload, idle).await?;
@@ -57,7 +62,9 @@ pub async fn create(State(app): State<AppState>, headers: HeaderMap, Query(q): Q
         let _slot = app.worker.slots.acquire().await.map_err(|e| ApiError::Internal(e.to_string()))?;
         let _memory = app.worker.reserve_memory(crate::worker::memory_estimate(got.bytes, &got.head)).await;
         let temp = got.temp.clone();
-        let checked = tokio::task::spawn_blocking(move || ingest::ingest_path(&temp, &ingest::Options::default()).map(|_| ())).await;
+        let checked =
+            tokio::task::spawn_blocking(move || ingest::ingest_path(&temp, &ingest::Options::default()).map(|_| ()))
+                .await;
         match checked {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return refuse(e.into(), &got.temp),
@@ -66,7 +73,10 @@ pub async fn create(State(app): State<AppState>, headers: HeaderMap, Query(q): Q
     }
     let name = clean(q.name.as_deref().or(got.name.as_deref()).or(got.filename.as_deref()).unwrap_or("snapshot"), 200);
     let note = clean(q.note.as_deref().or(got.note.as_deref()).unwrap_or(""), 4000);
-    let (row, new) = app.store.add_upload(got.temp, got.sha256, got.bytes, if name.is_empty() { "snapshot".into() } else { name }, note).await?;
+    let (row, new) = app
+        .store
+        .add_upload(got.temp, got.sha256, got.bytes, if name.is_empty() { "snapshot".into() } else { name }, note)
+        .await?;
     if new {
         app.worker.enqueue(&row.id);
     }
@@ -102,7 +112,9 @@ pub struct StatusView {
 pub fn status_view(app: &AppState, row: SnapshotRow) -> StatusView {
     let progress = match row.status {
         Status::Ready => 1.0,
-        Status::Analyzing => app.worker.progress(&row.id).map(|read| read as f64 / row.bytes.max(1) as f64).unwrap_or(0.0).min(0.99),
+        Status::Analyzing => {
+            app.worker.progress(&row.id).map(|read| read as f64 / row.bytes.max(1) as f64).unwrap_or(0.0).min(0.99)
+        }
         Status::Queued | Status::Failed => 0.0,
     };
     StatusView {
@@ -132,13 +144,21 @@ pub struct ListQuery {
     offset: Option<u32>,
 }
 
-pub async fn list(State(app): State<AppState>, headers: HeaderMap, Query(q): Query<ListQuery>) -> Result<Json<Vec<StatusView>>, ApiError> {
+pub async fn list(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Vec<StatusView>>, ApiError> {
     app.authorize(&headers)?;
     let rows = app.store.meta.list(q.limit.unwrap_or(50).min(500), q.offset.unwrap_or(0)).await?;
     Ok(Json(rows.into_iter().map(|r| status_view(&app, r)).collect()))
 }
 
-pub async fn delete(State(app): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+pub async fn delete(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
     app.authorize(&headers)?;
     app.row(&id).await?;
     app.store.delete(&id).await?;
@@ -150,7 +170,8 @@ pub async fn delete(State(app): State<AppState>, headers: HeaderMap, Path(id): P
 pub async fn blob(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let row = app.row(&id).await?;
     let file = app.store.blobs.open(&row.sha256).map_err(|_| ApiError::NotFound("upload"))?;
-    let safe: String = row.name.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')).take(100).collect();
+    let safe: String =
+        row.name.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')).take(100).collect();
     let filename = if safe.is_empty() { "snapshot".to_string() } else { safe };
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     Ok((

@@ -16,8 +16,8 @@ use crate::loaded::Entry;
 use crate::store::{SnapshotRow, map_name};
 use crate::units::Addr;
 use crate::web::AppState;
-use crate::web::extract::{Path, Query};
 use crate::web::error::ApiError;
+use crate::web::extract::{Path, Query};
 
 /// A response for data that never changes once a snapshot is ready.
 fn immutable(headers: &HeaderMap, row: &SnapshotRow, tag: &str, content_type: &'static str, body: Vec<u8>) -> Response {
@@ -40,21 +40,28 @@ fn json_bytes<T: Serialize>(v: &T) -> Result<Vec<u8>, ApiError> {
 
 async fn analysis_value(app: &AppState, id: &str) -> Result<(SnapshotRow, Value), ApiError> {
     let row = app.ready(id).await?;
-    let bytes = app.store.results.read(id, "analysis.json").map_err(|e| ApiError::Internal(format!("analysis.json: {e}")))?;
+    let bytes =
+        app.store.results.read(id, "analysis.json").map_err(|e| ApiError::Internal(format!("analysis.json: {e}")))?;
     let v = serde_json::from_slice(&bytes).map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok((row, v))
 }
 
-pub async fn analysis(State(app): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn analysis(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let row = app.ready(&id).await?;
-    let bytes = app.store.results.read(&id, "analysis.json").map_err(|e| ApiError::Internal(format!("analysis.json: {e}")))?;
+    let bytes =
+        app.store.results.read(&id, "analysis.json").map_err(|e| ApiError::Internal(format!("analysis.json: {e}")))?;
     Ok(immutable(&headers, &row, "analysis", "application/json", bytes))
 }
 
 /// One key of every device, as `[{"device": d, KEY: ...}]`.
 async fn per_device(app: &AppState, id: &str, key: &str) -> Result<Json<Value>, ApiError> {
     let (_, v) = analysis_value(app, id).await?;
-    let out: Vec<Value> = v["devices"].as_array().into_iter().flatten().map(|d| json!({"device": d["device"], key: d[key]})).collect();
+    let out: Vec<Value> =
+        v["devices"].as_array().into_iter().flatten().map(|d| json!({"device": d["device"], key: d[key]})).collect();
     Ok(Json(Value::Array(out)))
 }
 
@@ -81,7 +88,12 @@ pub struct TimelineQuery {
 
 /// The series over events `start..end` in at most `points` buckets (min and max per bucket).
 /// `format=bin` (or `Accept: application/octet-stream`) gives little-endian f64 columns.
-pub async fn timeline(State(app): State<AppState>, headers: HeaderMap, Path((id, device)): Path<(String, i64)>, Query(q): Query<TimelineQuery>) -> Result<Response, ApiError> {
+pub async fn timeline(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path((id, device)): Path<(String, i64)>,
+    Query(q): Query<TimelineQuery>,
+) -> Result<Response, ApiError> {
     let row = app.ready(&id).await?;
     let t = app.store.results.timeline(&id, device).map_err(|_| ApiError::NotFound("device"))?;
     let (start, end) = (q.start.unwrap_or(0), q.end.unwrap_or(t.len()).min(t.len()));
@@ -90,8 +102,13 @@ pub async fn timeline(State(app): State<AppState>, headers: HeaderMap, Path((id,
     }
     let points = q.points.unwrap_or(1000).clamp(1, 20_000);
     let binary = q.format.as_deref() == Some("bin")
-        || headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.starts_with("application/octet-stream"));
-    let d = tokio::task::spawn_blocking(move || t.downsample(start..end, points)).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+        || headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|a| a.starts_with("application/octet-stream"));
+    let d = tokio::task::spawn_blocking(move || t.downsample(start..end, points))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
     let tag = format!("t{device}-{start}-{end}-{points}-{}", if binary { "b" } else { "j" });
     if binary {
         return Ok(immutable(&headers, &row, &tag, "application/octet-stream", d.to_f64_bytes()));
@@ -119,7 +136,10 @@ pub struct EventQuery {
 fn parse_event(q: &EventQuery) -> Result<Option<u64>, ApiError> {
     match q.event.as_deref() {
         None | Some("final") => Ok(None),
-        Some(s) => s.parse().map(Some).map_err(|_| ApiError::BadRequest(format!("event must be an index or `final`, got {s:?}"))),
+        Some(s) => s
+            .parse()
+            .map(Some)
+            .map_err(|_| ApiError::BadRequest(format!("event must be an index or `final`, got {s:?}"))),
     }
 }
 
@@ -128,7 +148,12 @@ async fn entry(app: &AppState, row: &SnapshotRow) -> Result<Arc<Entry>, ApiError
 }
 
 /// The segments and blocks right after an event.
-pub async fn state(State(app): State<AppState>, headers: HeaderMap, Path((id, device)): Path<(String, i64)>, Query(q): Query<EventQuery>) -> Result<Response, ApiError> {
+pub async fn state(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path((id, device)): Path<(String, i64)>,
+    Query(q): Query<EventQuery>,
+) -> Result<Response, ApiError> {
     let row = app.ready(&id).await?;
     let event = parse_event(&q)?;
     let tag = format!("m{device}-{}", event.map(|e| e.to_string()).unwrap_or_else(|| "final".into()));
@@ -152,11 +177,22 @@ pub async fn state(State(app): State<AppState>, headers: HeaderMap, Path((id, de
 }
 
 /// Who pins free memory: at the end from the stored analysis, at an event by replaying.
-pub async fn pinners(State(app): State<AppState>, Path((id, device)): Path<(String, i64)>, Query(q): Query<EventQuery>) -> Result<Json<Value>, ApiError> {
+pub async fn pinners(
+    State(app): State<AppState>,
+    Path((id, device)): Path<(String, i64)>,
+    Query(q): Query<EventQuery>,
+) -> Result<Json<Value>, ApiError> {
     let Some(event) = parse_event(&q)? else {
         let (_, v) = analysis_value(&app, &id).await?;
-        let d = v["devices"].as_array().into_iter().flatten().find(|d| d["device"] == device).ok_or(ApiError::NotFound("device"))?;
-        return Ok(Json(json!({"device": device, "event": null, "pinned": d["pinned"], "pinners": d["pinners"], "gaps": d["gaps"]})));
+        let d = v["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d["device"] == device)
+            .ok_or(ApiError::NotFound("device"))?;
+        return Ok(Json(
+            json!({"device": device, "event": null, "pinned": d["pinned"], "pinners": d["pinners"], "gaps": d["gaps"]}),
+        ));
     };
     let row = app.ready(&id).await?;
     let entry = entry(&app, &row).await?;
@@ -193,7 +229,11 @@ struct EventView {
 }
 
 /// The trace's events from `start`, at most `limit` (1000) at a time.
-pub async fn events(State(app): State<AppState>, Path((id, device)): Path<(String, i64)>, Query(q): Query<EventsQuery>) -> Result<Json<Value>, ApiError> {
+pub async fn events(
+    State(app): State<AppState>,
+    Path((id, device)): Path<(String, i64)>,
+    Query(q): Query<EventsQuery>,
+) -> Result<Json<Value>, ApiError> {
     let row = app.ready(&id).await?;
     let entry = entry(&app, &row).await?;
     let (start, limit) = (q.start.unwrap_or(0), q.limit.unwrap_or(100).clamp(1, 1000));
@@ -216,11 +256,16 @@ pub async fn events(State(app): State<AppState>, Path((id, device)): Path<(Strin
         })
         .collect();
     let next = (start + page.len() as u64) < all.len() as u64;
-    Ok(Json(json!({"device": device, "total": all.len(), "start": start, "events": page, "next_start": next.then_some(start + limit)})))
+    Ok(Json(
+        json!({"device": device, "total": all.len(), "start": start, "events": page, "next_start": next.then_some(start + limit)}),
+    ))
 }
 
 /// The frames of a stack (ids come from segment maps and events).
-pub async fn stack(State(app): State<AppState>, Path((id, stack)): Path<(String, u32)>) -> Result<Json<Value>, ApiError> {
+pub async fn stack(
+    State(app): State<AppState>,
+    Path((id, stack)): Path<(String, u32)>,
+) -> Result<Json<Value>, ApiError> {
     let row = app.ready(&id).await?;
     let entry = entry(&app, &row).await?;
     if stack as usize >= entry.snapshot.stacks.stack_count() {
@@ -239,7 +284,11 @@ pub struct ActiveQuery {
 }
 
 /// Live bytes by call site over events `start..end`, in at most `points` buckets.
-pub async fn active(State(app): State<AppState>, Path((id, device)): Path<(String, i64)>, Query(q): Query<ActiveQuery>) -> Result<Json<active::ActiveBySite>, ApiError> {
+pub async fn active(
+    State(app): State<AppState>,
+    Path((id, device)): Path<(String, i64)>,
+    Query(q): Query<ActiveQuery>,
+) -> Result<Json<active::ActiveBySite>, ApiError> {
     let row = app.ready(&id).await?;
     let entry = entry(&app, &row).await?;
     tokio::task::spawn_blocking(move || {
@@ -265,14 +314,19 @@ pub struct SimulateQuery {
 }
 
 /// The trace replayed through the allocator model under other settings (see `simulate`).
-pub async fn simulate(State(app): State<AppState>, Path((id, device)): Path<(String, i64)>, Query(q): Query<SimulateQuery>) -> Result<Json<crate::simulate::Outcome>, ApiError> {
+pub async fn simulate(
+    State(app): State<AppState>,
+    Path((id, device)): Path<(String, i64)>,
+    Query(q): Query<SimulateQuery>,
+) -> Result<Json<crate::simulate::Outcome>, ApiError> {
     let row = app.ready(&id).await?;
     let capacity = match q.capacity.as_deref().filter(|c| !c.is_empty()) {
         Some(c) => Some(crate::config::parse_size(c).map_err(ApiError::BadRequest)?),
         None => None,
     };
     let nonempty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
-    let settings = crate::simulate::Settings { conf: q.conf, capacity, mempool: nonempty(q.mempool), reuse: nonempty(q.reuse) };
+    let settings =
+        crate::simulate::Settings { conf: q.conf, capacity, mempool: nonempty(q.mempool), reuse: nonempty(q.reuse) };
     let entry = entry(&app, &row).await?;
     let _slot = app.worker.slots.acquire().await.map_err(|e| ApiError::Internal(e.to_string()))?;
     tokio::task::spawn_blocking(move || {
