@@ -305,3 +305,21 @@ fn every_route_is_in_the_openapi_document() {
         assert!(fragscope::web::api::PATHS.contains(&p.as_str()), "{p} is documented but not routed");
     }
 }
+
+#[test]
+fn retention_deletes_snapshots_older_than_the_period() {
+    let mut server = TestServer::start(&[]);
+    let id = server.upload(&snapshot_path("seed_frag_default"))["id"].as_str().unwrap().to_string();
+    server.wait_done(&id);
+    server.kill();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let data = server.data.clone();
+    // With a period of 0 days, everything created before now is past it; the first check runs at start.
+    let again = TestServer::start_in(&data, &["--retain-days", "0"]);
+    let start = std::time::Instant::now();
+    while again.get(&format!("/api/v1/snapshots/{id}")).status().as_u16() != 404 {
+        assert!(start.elapsed() < std::time::Duration::from_secs(20), "not deleted");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(std::fs::read_dir(data.join("results")).unwrap().next().is_none());
+}
