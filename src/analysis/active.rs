@@ -99,7 +99,7 @@ pub fn active_by_site(
     let mut peaks: Vec<(usize, u64)> = (0..sites.len())
         .map(|s| (s, columns.iter().map(|c| c.get(s).copied().unwrap_or(0)).max().unwrap_or(0)))
         .collect();
-    peaks.sort_by(|a, b| b.1.cmp(&a.1));
+    peaks.sort_by_key(|p| std::cmp::Reverse(p.1));
     let kept: Vec<usize> = peaks.iter().filter(|p| p.1 > 0).take(top).map(|p| p.0).collect();
     let series = kept
         .iter()

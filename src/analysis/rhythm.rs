@@ -39,7 +39,7 @@ pub fn rhythm(state: &State, stacks: &Stacks) -> Rhythm {
             None => sites.push((site, 1)),
         }
     }
-    sites.sort_by(|a, b| b.1.cmp(&a.1));
+    sites.sort_by_key(|s| std::cmp::Reverse(s.1));
     let mut r = Rhythm {
         pinned_segments: created.len() as u64,
         call_sites: sites.into_iter().map(|s| s.0).collect(),

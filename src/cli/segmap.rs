@@ -55,7 +55,7 @@ pub fn render(snapshot: &Snapshot, state: &State, title: &str) -> String {
         bytes(t.active_bytes),
         bytes(t.pinned_free_bytes)
     );
-    let _ = writeln!(out, "{:<16} {:>12}  {:<16} {}", "segment", "size", "pool", "blocks");
+    let _ = writeln!(out, "{:<16} {:>12}  {:<16} blocks", "segment", "size", "pool");
     for s in state.segment_ids() {
         let seg = state.segment(s);
         let mut pool = match seg.pool.kind {
