@@ -313,21 +313,7 @@ impl Allocator {
         let (key, stream) = (self.segments[x.seg as usize].key, self.segments[x.seg as usize].stream);
         self.unmapped.remove(&(key, stream, x.addr, u));
         if bytes < x.size {
-            let rest = self.new_block(Block {
-                addr: x.addr + bytes,
-                size: x.size - bytes,
-                allocated: false,
-                seg: x.seg,
-                prev: u,
-                next: x.next,
-                age: 0,
-                mapped: false,
-            });
-            if x.next != NIL {
-                self.blocks[x.next as usize].prev = rest;
-            }
-            self.blocks[u as usize].next = rest;
-            self.blocks[u as usize].size = bytes;
+            let rest = self.split_at(u, bytes);
             self.unmapped.insert((key, stream, x.addr + bytes, rest));
         }
         self.blocks[u as usize].mapped = true;
@@ -354,23 +340,7 @@ impl Allocator {
         let (size, seg) = (self.blocks[b as usize].size, self.blocks[b as usize].seg);
         let s = &self.segments[seg as usize];
         if size > rounded && self.rules.should_split(size, rounded, s.key.small, s.expandable) {
-            let x = self.blocks[b as usize].clone();
-            let rest = self.new_block(Block {
-                addr: x.addr + rounded,
-                size: size - rounded,
-                allocated: false,
-                seg,
-                prev: b,
-                next: x.next,
-                age: 0,
-                mapped: true,
-            });
-            if x.next != NIL {
-                self.blocks[x.next as usize].prev = rest;
-            }
-            let blk = &mut self.blocks[b as usize];
-            blk.next = rest;
-            blk.size = rounded;
+            let rest = self.split_at(b, rounded);
             let k = self.free_key(rest);
             self.free.insert(k);
         }
@@ -512,10 +482,11 @@ impl Allocator {
         self.unmapped.insert((s.key, s.stream, self.blocks[u as usize].addr, u));
     }
 
-    /// Splits block `b` after `at` bytes (same state); returns the new block after it.
+    /// Splits block `b` after `at` bytes; the new block after it has `b`'s state (allocated,
+    /// mapped) and a fresh age. Returns it.
     fn split_at(&mut self, b: u32, at: u64) -> u32 {
         let x = self.blocks[b as usize].clone();
-        let rest = self.new_block(Block { addr: x.addr + at, size: x.size - at, prev: b, next: x.next, ..x.clone() });
+        let rest = self.new_block(Block { addr: x.addr + at, size: x.size - at, prev: b, next: x.next, age: 0, ..x.clone() });
         if x.next != NIL {
             self.blocks[x.next as usize].prev = rest;
         }

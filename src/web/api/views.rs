@@ -147,6 +147,33 @@ async fn entry(app: &AppState, row: &SnapshotRow) -> Result<Arc<Entry>, ApiError
     app.loaded.load(&app.store, &row.id, &row.sha256).await.map_err(ApiError::Internal)
 }
 
+/// Runs `f` on one device of the parsed snapshot (parsed again if it is not held), off the
+/// async threads: replaying and aggregating are CPU work.
+async fn on_device<T: Send + 'static>(
+    app: &AppState,
+    row: &SnapshotRow,
+    device: i64,
+    f: impl FnOnce(&Entry, usize, &crate::snapshot::Device) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let entry = entry(app, row).await?;
+    tokio::task::spawn_blocking(move || {
+        let (i, d) = entry.device(device).ok_or(ApiError::NotFound("device"))?;
+        f(&entry, i, d)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?
+}
+
+/// The state right after `event` (None: the final `segments`), or 400 past the last event.
+fn state_after(entry: &Entry, i: usize, d: &crate::snapshot::Device, event: Option<u64>) -> Result<crate::replay::State, ApiError> {
+    let n = entry.snapshot.device_events(d).len() as u64;
+    match event {
+        Some(e) if e >= n => Err(ApiError::BadRequest(format!("event {e} is past the last of {n} events"))),
+        Some(e) => Ok(entry.replays[i].state_at(&entry.snapshot, Some(e as usize))),
+        None => Ok(crate::replay::final_state(d)),
+    }
+}
+
 /// The segments and blocks right after an event.
 pub async fn state(
     State(app): State<AppState>,
@@ -160,19 +187,11 @@ pub async fn state(
     if let Ok(stored) = app.store.results.read(&id, &map_name(device, event)) {
         return Ok(immutable(&headers, &row, &tag, "application/json", stored));
     }
-    let entry = entry(&app, &row).await?;
-    let body = tokio::task::spawn_blocking(move || {
-        let (i, d) = entry.device(device).ok_or(ApiError::NotFound("device"))?;
-        let n = entry.snapshot.device_events(d).len() as u64;
-        let state = match event {
-            Some(e) if e >= n => return Err(ApiError::BadRequest(format!("event {e} is past the last of {n} events"))),
-            Some(e) => entry.replays[i].state_at(&entry.snapshot, Some(e as usize)),
-            None => crate::replay::final_state(d),
-        };
+    let body = on_device(&app, &row, device, move |entry, i, d| {
+        let state = state_after(entry, i, d, event)?;
         json_bytes(&map::segment_map(&entry.snapshot, device, event, &state))
     })
-    .await
-    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    .await?;
     Ok(immutable(&headers, &row, &tag, "application/json", body))
 }
 
@@ -195,19 +214,13 @@ pub async fn pinners(
         ));
     };
     let row = app.ready(&id).await?;
-    let entry = entry(&app, &row).await?;
-    tokio::task::spawn_blocking(move || {
-        let (i, d) = entry.device(device).ok_or(ApiError::NotFound("device"))?;
-        if event >= entry.snapshot.device_events(d).len() as u64 {
-            return Err(ApiError::BadRequest(format!("event {event} is past the last event")));
-        }
-        let state = entry.replays[i].state_at(&entry.snapshot, Some(event as usize));
+    on_device(&app, &row, device, move |entry, i, d| {
+        let state = state_after(entry, i, d, Some(event))?;
         let p = gaps::pinned(&state, &entry.snapshot.stacks);
         let gaps: Vec<_> = p.gaps.iter().take(20).collect();
         Ok(Json(json!({"device": device, "event": event, "pinned": p.summary, "pinners": p.pinners, "gaps": gaps})))
     })
     .await
-    .map_err(|e| ApiError::Internal(e.to_string()))?
 }
 
 #[derive(Deserialize)]
@@ -290,9 +303,7 @@ pub async fn active(
     Query(q): Query<ActiveQuery>,
 ) -> Result<Json<active::ActiveBySite>, ApiError> {
     let row = app.ready(&id).await?;
-    let entry = entry(&app, &row).await?;
-    tokio::task::spawn_blocking(move || {
-        let (i, d) = entry.device(device).ok_or(ApiError::NotFound("device"))?;
+    on_device(&app, &row, device, move |entry, i, d| {
         let n = entry.snapshot.device_events(d).len();
         let (start, end) = (q.start.unwrap_or(0), q.end.unwrap_or(n).min(n));
         if start > end {
@@ -302,7 +313,6 @@ pub async fn active(
         Ok(Json(active::active_by_site(&entry.snapshot, d, &entry.replays[i], start..end, points, top)))
     })
     .await
-    .map_err(|e| ApiError::Internal(e.to_string()))?
 }
 
 #[derive(Deserialize)]
@@ -327,12 +337,10 @@ pub async fn simulate(
     let nonempty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
     let settings =
         crate::simulate::Settings { conf: q.conf, capacity, mempool: nonempty(q.mempool), reuse: nonempty(q.reuse) };
-    let entry = entry(&app, &row).await?;
+    // A simulation is as heavy as an analysis: it takes an analysis slot.
     let _slot = app.worker.slots.acquire().await.map_err(|e| ApiError::Internal(e.to_string()))?;
-    tokio::task::spawn_blocking(move || {
-        let (_, d) = entry.device(device).ok_or(ApiError::NotFound("device"))?;
+    on_device(&app, &row, device, move |entry, _, d| {
         crate::simulate::simulate(&entry.snapshot, d, &settings).map(Json).map_err(ApiError::BadRequest)
     })
     .await
-    .map_err(|e| ApiError::Internal(e.to_string()))?
 }
