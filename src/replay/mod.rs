@@ -10,6 +10,7 @@
 mod apply;
 mod initial;
 pub mod rules;
+pub(crate) mod slots;
 mod state;
 
 pub use rules::Rules;

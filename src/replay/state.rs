@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use foldhash::{HashMap, HashMapExt};
 
+use super::slots;
 use crate::snapshot::{BlockState, EMPTY_STACK, Pool, PoolKind, StackId};
 
 pub const NIL: u32 = u32::MAX;
@@ -231,16 +232,7 @@ impl State {
 
     fn new_block(&mut self, rec: BlockRec) -> u32 {
         let address = rec.address;
-        let b = match self.free_blocks.pop() {
-            Some(b) => {
-                self.blocks[b as usize] = rec;
-                b
-            }
-            None => {
-                self.blocks.push(rec);
-                (self.blocks.len() - 1) as u32
-            }
-        };
+        let b = slots::put(&mut self.blocks, &mut self.free_blocks, rec);
         self.by_addr.insert(address, b);
         self.account(b, true);
         b
@@ -333,16 +325,7 @@ impl State {
     pub fn insert_segment(&mut self, seg: SegmentRec, blocks: Vec<BlockRec>) -> u32 {
         let (address, size) = (seg.address, seg.size);
         let rec = SegmentRec { first: NIL, last: NIL, live: 0, inactive: 0, ..seg };
-        let s = match self.free_segments.pop() {
-            Some(s) => {
-                self.segments[s as usize] = rec;
-                s
-            }
-            None => {
-                self.segments.push(rec);
-                (self.segments.len() - 1) as u32
-            }
-        };
+        let s = slots::put(&mut self.segments, &mut self.free_segments, rec);
         self.seg_by_addr.insert(address, s);
         self.totals.reserved_bytes += size;
         let mut prev = NIL;

@@ -25,6 +25,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use crate::replay::rules::{LARGE_BUFFER, Rules, SMALL_BUFFER};
+use crate::replay::slots;
 
 const NIL: u32 = u32::MAX;
 /// Virtual size of an expandable segment: more than any GPU holds.
@@ -118,16 +119,7 @@ impl Allocator {
     }
 
     fn new_block(&mut self, block: Block) -> u32 {
-        match self.spare_blocks.pop() {
-            Some(b) => {
-                self.blocks[b as usize] = block;
-                b
-            }
-            None => {
-                self.blocks.push(block);
-                (self.blocks.len() - 1) as u32
-            }
-        }
+        slots::put(&mut self.blocks, &mut self.spare_blocks, block)
     }
 
     /// Serves `size` bytes on `stream` from pool `private`; None when the budget is exhausted.
@@ -486,7 +478,8 @@ impl Allocator {
     /// mapped) and a fresh age. Returns it.
     fn split_at(&mut self, b: u32, at: u64) -> u32 {
         let x = self.blocks[b as usize].clone();
-        let rest = self.new_block(Block { addr: x.addr + at, size: x.size - at, prev: b, next: x.next, age: 0, ..x.clone() });
+        let rest =
+            self.new_block(Block { addr: x.addr + at, size: x.size - at, prev: b, next: x.next, age: 0, ..x.clone() });
         if x.next != NIL {
             self.blocks[x.next as usize].prev = rest;
         }

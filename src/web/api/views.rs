@@ -165,7 +165,12 @@ async fn on_device<T: Send + 'static>(
 }
 
 /// The state right after `event` (None: the final `segments`), or 400 past the last event.
-fn state_after(entry: &Entry, i: usize, d: &crate::snapshot::Device, event: Option<u64>) -> Result<crate::replay::State, ApiError> {
+fn state_after(
+    entry: &Entry,
+    i: usize,
+    d: &crate::snapshot::Device,
+    event: Option<u64>,
+) -> Result<crate::replay::State, ApiError> {
     let n = entry.snapshot.device_events(d).len() as u64;
     match event {
         Some(e) if e >= n => Err(ApiError::BadRequest(format!("event {e} is past the last of {n} events"))),
