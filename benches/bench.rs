@@ -72,11 +72,6 @@ fn main() {
     replay_table(&snapshot);
 }
 
-fn median_of(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// In-process: ingest alone, then replay + series + every analysis, then random states.
 fn replay_table(path: &Path) {
     use fragscope::{analysis, ingest};
@@ -117,7 +112,7 @@ fn replay_table(path: &Path) {
         sim_s.push(t.elapsed().as_secs_f64());
         std::hint::black_box(o);
     }
-    let (ing, ana) = (median_of(ingest_s), median_of(analyze_s));
+    let (ing, ana) = (common::median(ingest_s), common::median(analyze_s));
     println!("\nIn process, {n} events (median of {RUNS} runs; targets from the issues):\n");
     println!("| step | time | target |");
     println!("|---|---|---|");
@@ -126,9 +121,9 @@ fn replay_table(path: &Path) {
         "| replay index + all series + analysis | {ana:.2} s ({:.0}% of ingest) | at most 50% of ingest |",
         100.0 * ana / ing
     );
-    println!("| state at a random event (median of 100) | {:.2} ms | under 20 ms |", median_of(state_ms));
+    println!("| state at a random event (median of 100) | {:.2} ms | under 20 ms |", common::median(state_ms));
     println!(
         "| simulate the whole trace under another setting | {:.2} s | less than ingest ({ing:.2} s) |",
-        median_of(sim_s)
+        common::median(sim_s)
     );
 }

@@ -13,11 +13,6 @@ use std::time::{Duration, Instant};
 use fantoccini::{ClientBuilder, Locator};
 use serde_json::{Value, json};
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
@@ -53,14 +48,7 @@ fn main() {
         .unwrap();
     let upload_s = t.elapsed().as_secs_f64();
     let id = created["id"].as_str().unwrap().to_string();
-    loop {
-        let s: Value = http.get(format!("{base}/api/v1/snapshots/{id}")).send().unwrap().json().unwrap();
-        if s["status"] == "ready" {
-            break;
-        }
-        assert_ne!(s["status"], "failed", "{s}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_ready(&http, &base, &id, Duration::from_millis(50));
     let stored_s = t.elapsed().as_secs_f64();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut driver = Command::new("/usr/bin/chromedriver")
@@ -156,13 +144,13 @@ fn main() {
     println!(
         "| navigation to map and timeline drawn ({} loads) | {:.0} ms | {:.0} ms | within 1500 ms |",
         ready.len(),
-        median(ready.clone()),
+        common::median(ready.clone()),
         worst(&ready)
     );
     println!(
         "| cursor move to map redrawn ({} moves) | {:.1} ms | {:.1} ms | within 100 ms |",
         draws.len(),
-        median(draws.clone()),
+        common::median(draws.clone()),
         worst(&draws)
     );
 }

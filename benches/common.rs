@@ -1,4 +1,6 @@
-//! What the benchmarks share: the real big snapshot they measure on.
+//! What the benchmarks share: the real big snapshot they measure on, and small helpers.
+//! Each bench includes this file and uses part of it.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,4 +27,22 @@ pub fn big_trace() -> Option<PathBuf> {
         std::fs::rename(&tmp, &out).unwrap();
     }
     Some(out)
+}
+
+/// The middle of `v` once sorted (the upper one for an even count).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Polls the snapshot's status until the worker has stored its analysis; panics if it failed.
+pub fn wait_ready(http: &reqwest::blocking::Client, base: &str, id: &str, poll: std::time::Duration) {
+    loop {
+        let s: serde_json::Value = http.get(format!("{base}/api/v1/snapshots/{id}")).send().unwrap().json().unwrap();
+        if s["status"] == "ready" {
+            return;
+        }
+        assert_ne!(s["status"], "failed", "{s}");
+        std::thread::sleep(poll);
+    }
 }

@@ -80,14 +80,7 @@ fn main() {
     let ids: Vec<String> = uploads.into_iter().map(|h| h.join().unwrap()).collect();
     let uploaded = t.elapsed().as_secs_f64();
     for id in &ids {
-        loop {
-            let s: Value = http.get(format!("{base}/api/v1/snapshots/{id}")).send().unwrap().json().unwrap();
-            if s["status"] == "ready" {
-                break;
-            }
-            assert_ne!(s["status"], "failed", "{s}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        common::wait_ready(&http, &base, id, Duration::from_millis(100));
     }
     let all_ready = t.elapsed().as_secs_f64();
     done.store(true, Ordering::Relaxed);
