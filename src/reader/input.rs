@@ -137,21 +137,22 @@ impl<R: Read> Input<R> {
         self.buf.get(self.pos).copied().filter(|_| self.pos < self.end)
     }
 
-    /// Skips `n` bytes that `peek` or `take_buffered` showed are buffered.
+    /// Skips `n` bytes that `peek` showed are buffered.
     #[inline(always)]
     pub fn skip(&mut self, n: usize) {
         self.pos = (self.pos + n).min(self.end);
     }
 
-    /// `n` bytes if the buffer already holds them (the fast path of small operands).
-    #[inline]
-    pub fn take_buffered(&mut self, n: usize) -> Option<&[u8]> {
-        if self.end - self.pos < n {
+    /// The next `n` (at most 8) bytes as a little-endian word, when 8 bytes are buffered:
+    /// one load and a shift instead of a copy of variable length.
+    #[inline(always)]
+    pub fn take_le(&mut self, n: usize) -> Option<u64> {
+        if n > 8 || self.end - self.pos < 8 {
             return None;
         }
-        let start = self.pos;
+        let word = u64::from_le_bytes(self.buf[self.pos..self.pos + 8].try_into().ok()?);
         self.pos += n;
-        Some(&self.buf[start..start + n])
+        Some(if n == 0 { 0 } else { word << (64 - 8 * n) })
     }
 
     /// A newline-terminated line (text opcodes of protocols 0 and 1), without the newline.

@@ -286,7 +286,26 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
         }
     }
 
-    fn string(&mut self, len: u64, bytes: bool) -> Res<(), S::Error> {
+    /// BINGET and LONG_BINGET, and the gets right after: they come in runs (a dict's keys and
+    /// their shared values), and testing for the next one here predicts better than the
+    /// dispatch's jump table.
+    #[inline(always)]
+    fn memo_get_run(&mut self, mut op: u8) -> Res<(), S::Error> {
+        loop {
+            let i = if op == b'h' { self.input.byte()? as u64 } else { u32::from_le_bytes(self.input.array()?) as u64 };
+            self.memo_get(i)?;
+            match self.input.peek() {
+                Some(next @ (b'h' | b'j')) => {
+                    self.at = self.input.offset();
+                    self.input.skip(1);
+                    op = next;
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    fn string(&mut self, len: u64, bytes: bool) -> Res<Value, S::Error> {
         if len > self.limits.max_string_bytes {
             return self.limit("string length in bytes", self.limits.max_string_bytes);
         }
@@ -294,20 +313,22 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
         let Some(id) = self.heap.strings.intern_bytes(raw, self.limits.max_total_string_bytes) else {
             return self.limit("total string bytes", self.limits.max_total_string_bytes);
         };
-        self.push(if bytes { Value::Bytes(id) } else { Value::Str(id) })
+        let v = if bytes { Value::Bytes(id) } else { Value::Str(id) };
+        self.push(v)?;
+        Ok(v)
     }
 
     fn long(&mut self, len: u64) -> Res<(), S::Error> {
+        if let Some(high) = self.input.take_le(len as usize) {
+            // The bytes sit at the top of `high`: an arithmetic shift down sign-extends them.
+            let v = if len == 0 { 0 } else { (high as i64) >> (64 - 8 * len) };
+            return self.push(Value::Int(v));
+        }
         if len <= 8 {
-            // Addresses and times: the common case, without a variable-length copy.
+            // Near the end of the buffer: byte by byte.
             let mut raw = [0u8; 8];
-            match self.input.take_buffered(len as usize) {
-                Some(bytes) => raw[..bytes.len()].copy_from_slice(bytes),
-                None => {
-                    for b in raw.iter_mut().take(len as usize) {
-                        *b = self.input.byte()?;
-                    }
-                }
+            for b in raw.iter_mut().take(len as usize) {
+                *b = self.input.byte()?;
             }
             let negative = len > 0 && raw[len as usize - 1] & 0x80 != 0;
             if negative {
@@ -339,22 +360,29 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
     }
 
     /// MEMOIZE right after the value it names, done without a trip through the dispatch loop:
-    /// protocol 4 writes it after every string and container.
+    /// protocol 4 writes it after every string and container. `v` is the value just pushed,
+    /// passed along rather than read back from the stack (a load right after the store of the
+    /// same 16 bytes stalls).
     #[inline(always)]
-    fn fused_memoize(&mut self) -> Res<(), S::Error> {
+    fn fused_memoize(&mut self, v: Value) -> Res<(), S::Error> {
         if self.input.peek() == Some(0x94) {
             self.at = self.input.offset();
             self.input.skip(1);
-            let index = self.memo.slots.len() as u64;
-            self.memo_put(index)?;
+            let len = self.memo.slots.len();
+            if len as u64 >= self.limits.max_memo {
+                return self.limit("memo size", self.limits.max_memo);
+            }
+            if !self.memo.put(len, v) {
+                return self.limit("memoized scalars", MEMO_PAYLOAD as u64);
+            }
         }
         Ok(())
     }
 
     /// MEMOIZE and MARK after a new container (`EMPTY_DICT MEMOIZE MARK` opens every dict).
     #[inline(always)]
-    fn fused_memoize_mark(&mut self) -> Res<(), S::Error> {
-        self.fused_memoize()?;
+    fn fused_memoize_mark(&mut self, v: Value) -> Res<(), S::Error> {
+        self.fused_memoize(v)?;
         if self.input.peek() == Some(b'(') && (self.marks.len() as u64) < self.limits.max_marks {
             self.input.skip(1);
             self.marks.push(self.stack.len());
@@ -440,8 +468,8 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
                 }
                 0x8c => {
                     let n = self.input.byte()? as u64;
-                    self.string(n, false)?;
-                    self.fused_memoize()?;
+                    let v = self.string(n, false)?;
+                    self.fused_memoize(v)?;
                 }
                 b'X' => {
                     let n = u32::from_le_bytes(self.input.array()?) as u64;
@@ -484,12 +512,12 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
                 b']' => {
                     let id = self.new_node(Kind::List)?;
                     self.push(Value::Node(id))?;
-                    self.fused_memoize_mark()?;
+                    self.fused_memoize_mark(Value::Node(id))?;
                 }
                 b'}' => {
                     let id = self.new_node(Kind::Dict)?;
                     self.push(Value::Node(id))?;
-                    self.fused_memoize_mark()?;
+                    self.fused_memoize_mark(Value::Node(id))?;
                 }
                 b')' => {
                     let id = self.new_node(Kind::Tuple)?;
@@ -550,14 +578,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
                     let i = self.text_index()?;
                     self.memo_put(i)?;
                 }
-                b'h' => {
-                    let i = self.input.byte()? as u64;
-                    self.memo_get(i)?;
-                }
-                b'j' => {
-                    let i = u32::from_le_bytes(self.input.array()?) as u64;
-                    self.memo_get(i)?;
-                }
+                b'h' | b'j' => self.memo_get_run(op)?,
                 b'g' => {
                     let i = self.text_index()?;
                     self.memo_get(i)?;

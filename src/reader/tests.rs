@@ -106,6 +106,24 @@ fn long1_reads_addresses() {
 }
 
 #[test]
+fn long1_signs_and_widths_match_python_near_and_far_from_the_end() {
+    // (pickle.dumps(v, protocol=2), v): read once as is (the operand ends the input) and once
+    // with padding after STOP (a whole word is buffered, the fast path).
+    let cases: [(&[u8], i64); 5] = [
+        (b"\x80\x02\x8a\x06\x00\x00\x00\x00\x00\xff.", -1099511627776),
+        (b"\x80\x02\x8a\x08\xff\xff\xff\xff\xff\xff\xff\x7f.", i64::MAX),
+        (b"\x80\x02\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x80.", i64::MIN),
+        (b"\x80\x02\x8a\x02\x80\x00.", 128),
+        (b"\x80\x02\x8a\x00.", 0),
+    ];
+    for (bytes, want) in cases {
+        let padded = [bytes, &[0u8; 16][..]].concat();
+        assert_eq!(read(bytes).unwrap().root, Value::Int(want), "{bytes:?}");
+        assert_eq!(read(&padded).unwrap().root, Value::Int(want), "{bytes:?} padded");
+    }
+}
+
+#[test]
 fn json_reads_into_the_same_heap() {
     let text = br#"{"segments": [{"address": 5, "blocks": []}], "x": [1.5, null, true, "s"]}"#;
     let parsed = read_json(&text[..], &Limits::default(), &mut KeepAll).unwrap();
