@@ -2,8 +2,6 @@
 //! each frames list into an interned stack as soon as they are complete, so the generic tree of
 //! millions of dicts never exists. What it keeps, `build` then assembles into the model.
 
-use std::collections::HashMap;
-
 use foldhash::HashMapExt;
 
 use crate::reader::{Heap, Kind, Sink, StrId, Strings, Value};
@@ -40,9 +38,11 @@ pub struct SnapshotSink {
     pub(super) extras: Vec<Extra>,
     pub(super) stacks: Stacks,
     pub(super) streams: Vec<i64>,
-    pub(super) stream_index: HashMap<i64, u16>,
+    pub(super) stream_index: foldhash::HashMap<i64, u16>,
     pub(super) last_stream: Option<(i64, u16)>,
-    pub(super) action_by_str: HashMap<StrId, Action>,
+    /// Looked up once per event (the one-entry cache misses as actions alternate), so with
+    /// foldhash rather than std's SipHash.
+    pub(super) action_by_str: foldhash::HashMap<StrId, Action>,
     pub(super) last_action: Option<(StrId, Action)>,
     /// Frame of each frame dict already seen, by heap handle: torch shares frame dicts.
     pub(super) frame_by_node: foldhash::HashMap<u32, crate::snapshot::FrameId>,
@@ -62,9 +62,9 @@ impl SnapshotSink {
             extras: Vec::new(),
             stacks: Stacks::default(),
             streams: Vec::new(),
-            stream_index: HashMap::new(),
+            stream_index: foldhash::HashMap::new(),
             last_stream: None,
-            action_by_str: HashMap::new(),
+            action_by_str: foldhash::HashMap::new(),
             last_action: None,
             frame_by_node: foldhash::HashMap::new(),
             scratch: Vec::new(),
@@ -295,9 +295,11 @@ impl Sink for SnapshotSink {
     /// torch writes are not kept; a list of anything else is left alone.
     fn fold_list(&mut self, heap: &Heap, items: &[Value]) -> Result<Option<u32>, ModelError> {
         let is_frames = match items.first() {
+            // The heap check first: a scan of a few pairs, cheaper than the hash lookup that
+            // catches a frame dict without a filename already seen in another stack.
             Some(&Value::Node(first)) => {
-                self.frame_by_node.contains_key(&first)
-                    || heap.kind(first) == Kind::Dict && heap.get(first, self.keys.filename).is_some()
+                heap.kind(first) == Kind::Dict && heap.get(first, self.keys.filename).is_some()
+                    || self.frame_by_node.contains_key(&first)
             }
             _ => false,
         };
