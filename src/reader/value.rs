@@ -68,6 +68,9 @@ enum Item {
     FoldedRun { start: u32, len: u32 },
 }
 
+/// `Head::slot` of a container that has no item list yet.
+const NO_SLOT: u32 = u32::MAX;
+
 /// Per-container bookkeeping: 8 bytes, because a real snapshot has millions of containers.
 #[derive(Debug, Clone, Copy)]
 struct Head {
@@ -102,14 +105,9 @@ impl Heap {
 
     pub(super) fn new_node(&mut self, kind: Kind) -> u32 {
         let id = self.heads.len() as u32;
-        let slot = match self.free.pop() {
-            Some(slot) => slot,
-            None => {
-                self.slots.push(Vec::new());
-                (self.slots.len() - 1) as u32
-            }
-        };
-        self.heads.push(Head { kind, sealed: false, folded: false, depth: 1, slot });
+        // The item list is taken on the first append: most containers of a snapshot are trace
+        // entries folded straight off the stack, which never need one.
+        self.heads.push(Head { kind, sealed: false, folded: false, depth: 1, slot: NO_SLOT });
         id
     }
 
@@ -131,11 +129,13 @@ impl Heap {
     }
     pub(super) fn fold(&mut self, id: u32, folded: u32) {
         let head = &mut self.heads[id as usize];
-        let mut items = std::mem::take(&mut self.slots[head.slot as usize]);
-        self.values -= items.len() as u64;
-        items.clear();
-        self.slots[head.slot as usize] = items;
-        self.free.push(head.slot);
+        if !head.folded && head.slot != NO_SLOT {
+            let mut items = std::mem::take(&mut self.slots[head.slot as usize]);
+            self.values -= items.len() as u64;
+            items.clear();
+            self.slots[head.slot as usize] = items;
+            self.free.push(head.slot);
+        }
         head.folded = true;
         head.slot = folded;
     }
@@ -151,7 +151,7 @@ impl Heap {
 
     fn items_of(&self, id: u32) -> &[Item] {
         let h = self.heads[id as usize];
-        if h.folded { &[] } else { &self.slots[h.slot as usize] }
+        if h.folded || h.slot == NO_SLOT { &[] } else { &self.slots[h.slot as usize] }
     }
 
     /// Appends `v`, whose depth the caller computed and checked (the VM caps it far below
@@ -168,6 +168,15 @@ impl Heap {
         let head = &mut self.heads[id as usize];
         head.depth = head.depth.max(d);
         let is_list = head.kind == Kind::List;
+        if head.slot == NO_SLOT {
+            head.slot = match self.free.pop() {
+                Some(slot) => slot,
+                None => {
+                    self.slots.push(Vec::new());
+                    (self.slots.len() - 1) as u32
+                }
+            };
+        }
         let items = &mut self.slots[head.slot as usize];
         items.reserve(values.len());
         for &v in values {
