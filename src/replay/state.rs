@@ -187,7 +187,9 @@ impl State {
         (address < s.address + s.size).then_some(seg)
     }
 
-    /// Adds or removes one block's share of every total.
+    /// Adds or removes one block's share of every total. Inlined, so that each call site's
+    /// constant `add` removes the branches on it (it runs twice for every change of a block).
+    #[inline(always)]
     fn account(&mut self, b: u32, add: bool) {
         let blk = &self.blocks[b as usize];
         let (size, requested, state) = (blk.size, blk.requested, blk.state);
