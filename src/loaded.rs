@@ -1,6 +1,8 @@
 //! Snapshots held parsed in memory, for what needs the trace itself: the segment map at any
 //! event, the events in a range, frames. The few most recently used are kept; others are
-//! parsed again from their blob on demand (one at a time).
+//! parsed again from their blob on demand, one at a time, and only once the caller's memory
+//! budget (the analyses' own, see [`crate::worker::Worker::reserve_memory`]) has room for the
+//! parse: after a restart, opening many big snapshots at once must not pass it.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -76,8 +78,13 @@ impl Loaded {
         self.entries.lock().unwrap_or_else(|e| e.into_inner()).retain(|(k, _)| k != id);
     }
 
-    /// The parsed snapshot, parsing its blob if it is not held.
-    pub async fn load(&self, store: &Store, id: &str, sha256: &str) -> Result<Arc<Entry>, String> {
+    /// The parsed snapshot, parsing its blob if it is not held. `reserve` is asked for the bytes
+    /// the parse needs at its peak and held until it is done (None: go ahead unreserved).
+    pub async fn load<R, P>(&self, store: &Store, id: &str, sha256: &str, reserve: R) -> Result<Arc<Entry>, String>
+    where
+        R: FnOnce(u64) -> P,
+        P: std::future::Future<Output = Option<tokio::sync::OwnedSemaphorePermit>>,
+    {
         if let Some(e) = self.get(id) {
             return Ok(e);
         }
@@ -85,7 +92,13 @@ impl Loaded {
         if let Some(e) = self.get(id) {
             return Ok(e);
         }
-        let file = store.blobs.open(sha256).map_err(|e| format!("the upload is gone: {e}"))?;
+        let gone = |e: std::io::Error| format!("the upload is gone: {e}");
+        let mut file = store.blobs.open(sha256).map_err(gone)?;
+        let mut head = [0u8; 4];
+        let bytes = file.metadata().map_err(gone)?.len();
+        let _ = std::io::Read::read(&mut file, &mut head);
+        std::io::Seek::rewind(&mut file).map_err(gone)?;
+        let _memory = reserve(crate::worker::memory_estimate(bytes, &head)).await;
         let entry = tokio::task::spawn_blocking(move || {
             let ingested = ingest::ingest(file, &ingest::Options::default()).map_err(|e| e.to_string())?;
             let analyzed = analysis::analyze(&ingested.snapshot, ingested.source, Depth::Index);
@@ -96,5 +109,42 @@ impl Loaded {
         let entry = Arc::new(entry);
         self.put(id, entry.clone());
         Ok(entry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sha2::{Digest, Sha256};
+
+    /// A parse after a restart waits while the budget is taken, and runs once it is freed.
+    #[tokio::test]
+    async fn a_parse_waits_for_the_memory_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).await.unwrap();
+        let bytes = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/capacity_oom.pickle")).unwrap();
+        let sha: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+        let temp = dir.path().join("upload.tmp");
+        std::fs::write(&temp, &bytes).unwrap();
+        store.blobs.commit(&temp, &sha).unwrap();
+
+        let budget = Arc::new(tokio::sync::Semaphore::new(64));
+        let held = budget.clone().acquire_many_owned(64).await.unwrap();
+        let loaded = Loaded::new(2, u64::MAX);
+        let asked = std::sync::Mutex::new(None);
+        let reserve = |bytes: u64| {
+            *asked.lock().unwrap() = Some(bytes);
+            let budget = budget.clone();
+            async move { budget.acquire_many_owned(1).await.ok() }
+        };
+        let load = loaded.load(&store, "id", &sha, reserve);
+        tokio::pin!(load);
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(300), &mut load).await;
+        assert!(waited.is_err(), "parsed while the whole budget was held");
+        assert_eq!(*asked.lock().unwrap(), Some(crate::worker::memory_estimate(bytes.len() as u64, &bytes[..4])));
+        drop(held);
+        let entry = tokio::time::timeout(std::time::Duration::from_secs(30), load).await.unwrap().unwrap();
+        assert!(!entry.snapshot.devices.is_empty());
+        assert!(loaded.get("id").is_some(), "kept for the next query");
     }
 }

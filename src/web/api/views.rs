@@ -143,8 +143,11 @@ fn parse_event(q: &EventQuery) -> Result<Option<u64>, ApiError> {
     }
 }
 
+/// The parsed snapshot; a parse (after a restart, or once evicted) waits for room in the
+/// analyses' memory budget and holds it while it runs.
 async fn entry(app: &AppState, row: &SnapshotRow) -> Result<Arc<Entry>, ApiError> {
-    app.loaded.load(&app.store, &row.id, &row.sha256).await.map_err(ApiError::Internal)
+    let reserve = |bytes| app.worker.reserve_memory(bytes);
+    app.loaded.load(&app.store, &row.id, &row.sha256, reserve).await.map_err(ApiError::Internal)
 }
 
 /// Runs `f` on one device of the parsed snapshot (parsed again if it is not held), off the
