@@ -101,7 +101,10 @@ fn split_devices(
             new_index.entry(e).or_insert(out.len() as u32);
             out.push(events[e as usize]);
         }
-        let extras = extras.into_iter().filter_map(|x| Some(Extra { event: *new_index.get(&x.event)?, ..x })).collect();
+        let mut extras: Vec<Extra> =
+            extras.into_iter().filter_map(|x| Some(Extra { event: *new_index.get(&x.event)?, ..x })).collect();
+        // Kept in event order, so one event's extras are found by binary search.
+        extras.sort_by_key(|x| x.event);
         (out, extras)
     };
     let mut devices = Vec::new();

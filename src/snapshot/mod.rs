@@ -60,6 +60,14 @@ impl Snapshot {
     pub fn stream(&self, index: u16) -> i64 {
         self.streams.get(index as usize).copied().unwrap_or(0)
     }
+
+    /// The compile context and user metadata of event `index` (of [`Snapshot::events`]), for
+    /// the few events that carry them.
+    pub fn extra(&self, index: usize) -> (Option<&str>, Option<&str>) {
+        let Ok(i) = self.extras.binary_search_by_key(&index, |x| x.event as usize) else { return (None, None) };
+        let x = &self.extras[i];
+        (x.compile_context.map(|s| self.stacks.str(s)), x.user_metadata.map(|s| self.stacks.str(s)))
+    }
 }
 
 #[derive(Debug)]

@@ -323,3 +323,36 @@ fn retention_deletes_snapshots_older_than_the_period() {
     }
     assert!(std::fs::read_dir(data.join("results")).unwrap().next().is_none());
 }
+
+/// Each event's compile context and user metadata as python3's pickle reads them ('' and
+/// 'N/A' mean unset).
+const PY_EXTRAS: &str = r#"
+import json, pickle, sys
+s = pickle.load(open(sys.argv[1], 'rb'))
+text = lambda v: v if v not in (None, '', 'N/A') else None
+print(json.dumps([[text(e.get('compile_context')), text(e.get('user_metadata'))] for e in s['device_traces'][0]]))
+"#;
+
+#[test]
+fn events_carry_their_compile_context_and_user_metadata() {
+    let path = snapshot_path("compiled_train");
+    let want = python_json(PY_EXTRAS, &[&path]);
+    let want = want.as_array().unwrap();
+    assert!(want.iter().any(|x| !x[1].is_null()), "the fixture sets user metadata");
+    let server = TestServer::start(&[]);
+    let id = server.upload(&path)["id"].as_str().unwrap().to_string();
+    server.wait_done(&id);
+    let mut got = Vec::new();
+    let mut start = Some(0);
+    while let Some(s) = start {
+        let page = server.get_json(&format!("/api/v1/snapshots/{id}/devices/0/events?start={s}&limit=1000"));
+        for e in page["events"].as_array().unwrap() {
+            got.push(serde_json::json!([e["compile_context"], e["user_metadata"]]));
+        }
+        start = page["next_start"].as_u64();
+    }
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g, w, "event {i}");
+    }
+}

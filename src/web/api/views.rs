@@ -247,6 +247,10 @@ struct EventView {
     time_us: Option<i64>,
     stack: u32,
     call_site: Option<sites::CallSite>,
+    /// What torch.compile was running (`torch._dynamo` context), when recorded.
+    compile_context: Option<String>,
+    /// What the program attached with `torch.cuda.memory._set_memory_metadata`, when set.
+    user_metadata: Option<String>,
 }
 
 /// The trace's events from `start`, at most `limit` (1000) at a time.
@@ -265,7 +269,8 @@ pub async fn events(
         .enumerate()
         .skip(start as usize)
         .take(limit as usize)
-        .map(|(i, e)| EventView {
+        .map(|(i, e)| (i, e, entry.snapshot.extra(d.events.start + i)))
+        .map(|(i, e, (compile_context, user_metadata))| EventView {
             index: i as u64,
             action: entry.snapshot.action_name(e.action).to_string(),
             address: Addr(e.addr),
@@ -274,6 +279,8 @@ pub async fn events(
             time_us: e.time(),
             stack: e.stack,
             call_site: sites::call_site(&entry.snapshot.stacks, e.stack),
+            compile_context: compile_context.map(str::to_string),
+            user_metadata: user_metadata.map(str::to_string),
         })
         .collect();
     let next = (start + page.len() as u64) < all.len() as u64;
