@@ -20,6 +20,20 @@ pub struct SegmentMap {
     pub segments: Vec<SegmentView>,
     /// The stacks the blocks refer to, by id.
     pub stacks: BTreeMap<StackId, StackView>,
+    /// The event itself, as the trace recorded it (None for the final `segments`).
+    pub event_info: Option<EventInfo>,
+}
+
+/// What one trace event did, for a reader at that moment: which request, from where, and
+/// the tags torch attached to it.
+#[derive(Debug, Clone, Serialize)]
+pub struct EventInfo {
+    pub action: String,
+    pub address: Addr,
+    pub size: u64,
+    pub call_site: Option<CallSite>,
+    pub compile_context: Option<String>,
+    pub user_metadata: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -111,6 +125,7 @@ pub fn segment_map(snapshot: &Snapshot, device: i64, event: Option<u64>, state: 
     SegmentMap {
         device,
         event,
+        event_info: event.and_then(|e| event_info(snapshot, device, e)),
         totals: MapTotals {
             reserved_bytes: t.reserved_bytes,
             allocated_bytes: t.allocated_bytes,
@@ -124,4 +139,18 @@ pub fn segment_map(snapshot: &Snapshot, device: i64, event: Option<u64>, state: 
         segments,
         stacks,
     }
+}
+
+fn event_info(snapshot: &Snapshot, device: i64, index: u64) -> Option<EventInfo> {
+    let d = snapshot.devices.iter().find(|d| d.device == device)?;
+    let e = snapshot.device_events(d).get(index as usize)?;
+    let (compile_context, user_metadata) = snapshot.extra(d.events.start + index as usize);
+    Some(EventInfo {
+        action: snapshot.action_name(e.action).to_string(),
+        address: Addr(e.addr),
+        size: e.size,
+        call_site: call_site(&snapshot.stacks, e.stack),
+        compile_context: compile_context.map(str::to_string),
+        user_metadata: user_metadata.map(str::to_string),
+    })
 }

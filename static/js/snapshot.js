@@ -3,7 +3,7 @@
 
 import { decodeTimeline } from "./data/columns.js";
 import { parse, format } from "./data/fragment.js";
-import { bytes, site } from "./data/format.js";
+import { bytes, site, eventLabel } from "./data/format.js";
 import { siteKey } from "./data/colors.js";
 import { SegMap } from "./draw/segmap.js";
 import { Timeline } from "./draw/timeline.js";
@@ -149,7 +149,7 @@ function ready() {
   /** The map at the cursor: cached per event; a newer request replaces an older one. */
   async function loadMap() {
     const e = state.event;
-    label.textContent = `After event ${e} of ${events()}`;
+    label.textContent = eventLabel(e, events(), null);
     let m = maps.get(e);
     if (!m) {
       if (mapRequest) mapRequest.abort();
@@ -165,6 +165,7 @@ function ready() {
       if (maps.size > 64) maps.delete(maps.keys().next().value);
     }
     if (state.event !== e) return;
+    label.textContent = eventLabel(e, events(), m.event_info);
     map.setMap(m);
     loadPinners(e);
   }

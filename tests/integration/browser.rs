@@ -300,6 +300,7 @@ fn script_in_frame_names_user_metadata_file_names_and_notes_runs_nowhere() {
         assert!(text.contains("<script>window.__pwned=1</script>"), "frame names are shown as text");
         assert!(text.contains("<img src=x onerror=\"window.__pwned=3\">"), "the name is shown as text");
         assert!(text.contains("<script>window.__pwned=4</script>"), "the note is shown as text");
+        assert!(text.contains("<script>window.__pwned=5</script>"), "the event's user metadata is shown as text");
         assert_eq!(js(&c, "return window.__pwned === undefined").await, json!(true), "a script ran");
         assert_eq!(
             js(&c, "return document.querySelectorAll('img').length").await,

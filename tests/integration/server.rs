@@ -270,6 +270,12 @@ fn views_answer_with_hex_addresses_and_binary_timelines() {
     assert_eq!(events["events"].as_array().unwrap().len(), 2);
     assert_eq!(events["events"][0]["index"], 1);
     assert!(events["events"][0]["address"].as_str().unwrap().starts_with("0x"));
+    // The map after an event says what that event was.
+    let after = server.get_json(&format!("{base}/devices/0/state?event=1"));
+    for key in ["action", "address", "size", "call_site"] {
+        assert_eq!(after["event_info"][key], events["events"][0][key], "{key}");
+    }
+    assert!(server.get_json(&format!("{base}/devices/0/state"))["event_info"].is_null());
     let bin =
         TestServer::client().get(server.url(&format!("{base}/devices/0/timeline?points=4&format=bin"))).send().unwrap();
     assert_eq!(bin.headers()["content-type"], "application/octet-stream");

@@ -6,7 +6,7 @@ import { decodeTimeline, bucketOf, peak, growth, SERIES } from "../../static/js/
 import { parse, format } from "../../static/js/data/fragment.js";
 import { runs, order, fit, hit, zoom, rowAt, ROW } from "../../static/js/data/layout.js";
 import { siteColor, hash } from "../../static/js/data/colors.js";
-import { bytes } from "../../static/js/data/format.js";
+import { bytes, eventLabel } from "../../static/js/data/format.js";
 
 function timeline(n, start, end) {
   const v = [n, start, end];
@@ -102,4 +102,18 @@ test("colours are stable per call site and formats read well", () => {
   assert.equal(hash(""), 0x811c9dc5);
   assert.equal(bytes(545259520), "520.00 MiB");
   assert.equal(bytes(12), "12 B");
+});
+
+test("the cursor caption names the event's request, site and tags", () => {
+  assert.equal(eventLabel(7, 100, null), "After event 7 of 100");
+  const info = {
+    action: "alloc",
+    size: 2097152,
+    call_site: { filename: "train.py", line: 12, name: "step" },
+    user_metadata: "step=3",
+    compile_context: null,
+  };
+  assert.equal(eventLabel(7, 100, info), "After event 7 of 100: alloc 2.00 MiB at train.py:12 (step) [step=3]");
+  const bare = { action: "free_completed", size: 512, call_site: null, user_metadata: null, compile_context: null };
+  assert.equal(eventLabel(8, 100, bare), "After event 8 of 100: free_completed 512 B");
 });

@@ -22,3 +22,16 @@ export function site(cs) {
 export function addr(hex) {
   return Number.parseInt(hex, 16);
 }
+
+/**
+ * The cursor's caption: the event, and once its map has come, what the event did and the
+ * tags torch attached to it (user metadata such as the step, the torch.compile context).
+ * Plain text: the caller sets it as textContent.
+ */
+export function eventLabel(index, total, info) {
+  const at = `After event ${index} of ${total}`;
+  if (!info) return at;
+  const where = info.call_site ? ` at ${site(info.call_site)}` : "";
+  const tags = [info.user_metadata, info.compile_context].filter(Boolean).join(", ");
+  return `${at}: ${info.action} ${bytes(info.size)}${where}${tags ? ` [${tags}]` : ""}`;
+}
