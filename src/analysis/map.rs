@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::gaps::pinned;
 use super::sites::{CallSite, call_site, frames};
 use crate::replay::{NIL, State};
-use crate::snapshot::{BlockState, PoolKind, Snapshot, StackId};
+use crate::snapshot::{BlockState, Device, PoolKind, Snapshot, StackId};
 use crate::units::Addr;
 
 #[derive(Debug, Clone, Serialize)]
@@ -24,15 +24,21 @@ pub struct SegmentMap {
     pub event_info: Option<EventInfo>,
 }
 
-/// What one trace event did, for a reader at that moment: which request, from where, and
-/// the tags torch attached to it.
+/// One trace event as the API shows it: the request, where it came from, and the tags torch
+/// attached to it. `index` counts the device's events.
 #[derive(Debug, Clone, Serialize)]
 pub struct EventInfo {
+    pub index: u64,
     pub action: String,
     pub address: Addr,
     pub size: u64,
+    pub stream: i64,
+    pub time_us: Option<i64>,
+    pub stack: StackId,
     pub call_site: Option<CallSite>,
+    /// What torch.compile was running, when recorded.
     pub compile_context: Option<String>,
+    /// What the program set with `torch.cuda.memory._set_memory_metadata` (the step, say).
     pub user_metadata: Option<String>,
 }
 
@@ -143,12 +149,21 @@ pub fn segment_map(snapshot: &Snapshot, device: i64, event: Option<u64>, state: 
 
 fn event_info(snapshot: &Snapshot, device: i64, index: u64) -> Option<EventInfo> {
     let d = snapshot.devices.iter().find(|d| d.device == device)?;
-    let e = snapshot.device_events(d).get(index as usize)?;
-    let (compile_context, user_metadata) = snapshot.extra(d.events.start + index as usize);
+    event(snapshot, d, index as usize)
+}
+
+/// Event `index` of device `d`, None past its end.
+pub fn event(snapshot: &Snapshot, d: &Device, index: usize) -> Option<EventInfo> {
+    let e = snapshot.device_events(d).get(index)?;
+    let (compile_context, user_metadata) = snapshot.extra(d.events.start + index);
     Some(EventInfo {
+        index: index as u64,
         action: snapshot.action_name(e.action).to_string(),
         address: Addr(e.addr),
         size: e.size,
+        stream: snapshot.stream(e.stream),
+        time_us: e.time(),
+        stack: e.stack,
         call_site: call_site(&snapshot.stacks, e.stack),
         compile_context: compile_context.map(str::to_string),
         user_metadata: user_metadata.map(str::to_string),

@@ -14,7 +14,6 @@ use serde_json::{Value, json};
 use crate::analysis::{active, gaps, map, sites};
 use crate::loaded::Entry;
 use crate::store::{SnapshotRow, map_name};
-use crate::units::Addr;
 use crate::web::AppState;
 use crate::web::error::ApiError;
 use crate::web::extract::{Path, Query};
@@ -237,22 +236,6 @@ pub struct EventsQuery {
     limit: Option<u64>,
 }
 
-#[derive(Serialize)]
-struct EventView {
-    index: u64,
-    action: String,
-    address: Addr,
-    size: u64,
-    stream: i64,
-    time_us: Option<i64>,
-    stack: u32,
-    call_site: Option<sites::CallSite>,
-    /// What torch.compile was running (`torch._dynamo` context), when recorded.
-    compile_context: Option<String>,
-    /// What the program attached with `torch.cuda.memory._set_memory_metadata`, when set.
-    user_metadata: Option<String>,
-}
-
 /// The trace's events from `start`, at most `limit` (1000) at a time.
 pub async fn events(
     State(app): State<AppState>,
@@ -264,25 +247,8 @@ pub async fn events(
     let (start, limit) = (q.start.unwrap_or(0), q.limit.unwrap_or(100).clamp(1, 1000));
     let (_, d) = entry.device(device).ok_or(ApiError::NotFound("device"))?;
     let all = entry.snapshot.device_events(d);
-    let page: Vec<EventView> = all
-        .iter()
-        .enumerate()
-        .skip(start as usize)
-        .take(limit as usize)
-        .map(|(i, e)| (i, e, entry.snapshot.extra(d.events.start + i)))
-        .map(|(i, e, (compile_context, user_metadata))| EventView {
-            index: i as u64,
-            action: entry.snapshot.action_name(e.action).to_string(),
-            address: Addr(e.addr),
-            size: e.size,
-            stream: entry.snapshot.stream(e.stream),
-            time_us: e.time(),
-            stack: e.stack,
-            call_site: sites::call_site(&entry.snapshot.stacks, e.stack),
-            compile_context: compile_context.map(str::to_string),
-            user_metadata: user_metadata.map(str::to_string),
-        })
-        .collect();
+    let page: Vec<map::EventInfo> =
+        (start as usize..).take(limit as usize).map_while(|i| map::event(&entry.snapshot, d, i)).collect();
     let next = (start + page.len() as u64) < all.len() as u64;
     Ok(Json(
         json!({"device": device, "total": all.len(), "start": start, "events": page, "next_start": next.then_some(start + limit)}),
