@@ -5,7 +5,9 @@
 //! A snapshot's results are written into a temp directory and renamed into place whole.
 //! Timeline files are memory-mapped when read. Their format: `FSTL`, a u32 version, a u64
 //! event count n, then n little-endian values per column: time_us (i64), then the series of
-//! `analysis::timeline::SERIES` (u64).
+//! `analysis::timeline::SERIES` (u64). Version 2 adds, per series, the minimum then the maximum
+//! of each block of `analysis::timeline::BLOCK` events, so a read of the whole trace touches a
+//! 64th of the values; version 1 files (written before) are still read, by full scans.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -13,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-use crate::analysis::timeline::{Downsampled, Timeline, downsample};
+use crate::analysis::timeline::{BLOCK, Blocks, Downsampled, Timeline, block_extremes, downsample};
 
 #[cfg(target_endian = "big")]
 compile_error!("timeline files are read in place as little-endian values");
@@ -106,13 +108,19 @@ impl Results {
 fn write_timeline(path: &Path, t: &Timeline) -> io::Result<()> {
     let mut f = io::BufWriter::new(File::create(path)?);
     f.write_all(MAGIC)?;
-    f.write_all(&1u32.to_le_bytes())?;
+    f.write_all(&2u32.to_le_bytes())?;
     f.write_all(&(t.len() as u64).to_le_bytes())?;
     for v in &t.time_us {
         f.write_all(&v.to_le_bytes())?;
     }
     for col in t.columns() {
         for v in col {
+            f.write_all(&v.to_le_bytes())?;
+        }
+    }
+    for col in t.columns() {
+        let (min, max) = block_extremes(col);
+        for v in min.iter().chain(&max) {
             f.write_all(&v.to_le_bytes())?;
         }
     }
@@ -123,6 +131,8 @@ fn write_timeline(path: &Path, t: &Timeline) -> io::Result<()> {
 pub struct MappedTimeline {
     map: Mmap,
     n: usize,
+    /// Version 2: the block extremes follow the columns.
+    blocks: bool,
 }
 
 impl MappedTimeline {
@@ -135,11 +145,15 @@ impl MappedTimeline {
         if map.len() < HEADER || &map[..4] != MAGIC {
             return Err(bad());
         }
-        let n = u64::from_le_bytes(map[8..16].try_into().map_err(|_| bad())?) as usize;
-        if map.len() != HEADER + n * 8 * 6 {
-            return Err(bad());
+        let version = u32::from_le_bytes(map[4..8].try_into().map_err(|_| bad())?);
+        let n = usize::try_from(u64::from_le_bytes(map[8..16].try_into().map_err(|_| bad())?)).map_err(|_| bad())?;
+        let columns = n.checked_mul(8 * 6).ok_or_else(bad)?;
+        let blocks = 5 * 2 * n.div_ceil(BLOCK) * 8;
+        match version {
+            1 if map.len() == HEADER + columns => Ok(MappedTimeline { map, n, blocks: false }),
+            2 if map.len() == HEADER + columns + blocks => Ok(MappedTimeline { map, n, blocks: true }),
+            _ => Err(bad()),
         }
-        Ok(MappedTimeline { map, n })
     }
 
     pub fn len(&self) -> usize {
@@ -155,9 +169,70 @@ impl MappedTimeline {
         bytemuck::cast_slice(&self.map[start..start + self.n * 8])
     }
 
+    /// Series `s`'s block minimums and maximums (version 2 files).
+    fn blocks(&self, s: usize) -> Option<Blocks<'_>> {
+        if !self.blocks {
+            return None;
+        }
+        let nb = self.n.div_ceil(BLOCK);
+        let start = HEADER + 6 * self.n * 8 + s * 2 * nb * 8;
+        let min = bytemuck::cast_slice(&self.map[start..start + nb * 8]);
+        let max = bytemuck::cast_slice(&self.map[start + nb * 8..start + 2 * nb * 8]);
+        Some(Blocks { min, max })
+    }
+
     pub fn downsample(&self, range: std::ops::Range<usize>, points: usize) -> Downsampled {
         let time: &[i64] = bytemuck::cast_slice(self.column(0));
         let cols = [self.column(1), self.column(2), self.column(3), self.column(4), self.column(5)];
-        downsample(time, cols, range, points)
+        let blocks = (0..5).map(|s| self.blocks(s)).collect::<Option<Vec<_>>>();
+        let blocks = blocks.and_then(|b| <[Blocks; 5]>::try_from(b).ok());
+        downsample(time, cols, blocks, range, points)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timeline(n: usize) -> Timeline {
+        let mut t = Timeline::default();
+        let v = |k: u64| (0..n as u64).map(|i| (i * 7919 + k * 104729) % 100_003).collect::<Vec<u64>>();
+        (t.reserved_bytes, t.allocated_bytes, t.active_bytes) = (v(1), v(2), v(3));
+        (t.pinned_free_bytes, t.largest_free_block_bytes) = (v(4), v(5));
+        t.time_us = (0..n as i64).collect();
+        t
+    }
+
+    /// Files of this version carry block extremes; files of version 1 (written before) still
+    /// read, and both answer exactly as the in-memory timeline does.
+    #[test]
+    fn timeline_files_of_both_versions_read_back_the_same_buckets() {
+        let dir = tempfile::tempdir().unwrap();
+        let results = Results::new(dir.path().to_path_buf()).unwrap();
+        let t = timeline(10_007);
+        let id = crate::store::random_id();
+        results.write(&id, &[], &[(0, &t)]).unwrap();
+        let v2 = results.timeline(&id, 0).unwrap();
+        assert!(v2.blocks(0).is_some());
+        // A version 1 file: the same header and columns, without the blocks (under another
+        // id: rewriting a mapped file in place is what results never do).
+        let bytes = std::fs::read(dir.path().join(&id).join("timeline-0.bin")).unwrap();
+        let old = crate::store::random_id();
+        results.write(&old, &[], &[(0, &t)]).unwrap();
+        let path = dir.path().join(&old).join("timeline-0.bin");
+        let mut v1 = bytes[..HEADER + 6 * 8 * t.len()].to_vec();
+        v1[4..8].copy_from_slice(&1u32.to_le_bytes());
+        std::fs::write(&path, &v1).unwrap();
+        let v1 = results.timeline(&old, 0).unwrap();
+        assert!(v1.blocks(0).is_none());
+        for (range, points) in [(0..10_007, 1000), (0..10_007, 7), (63..9_000, 100), (5..6, 3), (129..4_000, 4_000)] {
+            let want = t.downsample(range.clone(), points);
+            assert_eq!(v2.downsample(range.clone(), points), want, "{range:?}/{points}");
+            assert_eq!(v1.downsample(range.clone(), points), want, "{range:?}/{points}");
+        }
+        drop(v1);
+        // A truncated file is refused, not misread.
+        std::fs::write(&path, &bytes[..bytes.len() - 8]).unwrap();
+        assert!(results.timeline(&old, 0).is_err());
     }
 }
