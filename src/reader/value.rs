@@ -300,6 +300,11 @@ impl Strings {
         self.index.get(s).copied()
     }
 
+    /// True for the empty string (and unknown ids): a length check, no slicing.
+    pub fn is_empty_at(&self, id: StrId) -> bool {
+        self.spans.get(id as usize).is_none_or(|&(_, len)| len == 0)
+    }
+
     pub fn get(&self, id: StrId) -> &str {
         match self.spans.get(id as usize) {
             Some(&(start, len)) => &self.text[start as usize..(start + len) as usize],

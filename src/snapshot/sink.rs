@@ -197,6 +197,7 @@ pub(super) fn found(heap: &Heap, v: Value) -> String {
     }
 }
 
+#[inline]
 fn uint(heap: &Heap, v: Value, path: impl Fn() -> String) -> Result<u64, ModelError> {
     match v {
         Value::Int(n) if n >= 0 => Ok(n as u64),
@@ -275,12 +276,16 @@ impl Sink for SnapshotSink {
             addr: uint(heap, addr, || path("addr"))?,
             size: uint(heap, size, || path("size"))?,
             time_us,
-            stack: self.stack(heap, frames, &|| format!("trace entry {n}"))?,
+            stack: match frames {
+                // The common case, a frames list folded as it was read: no call.
+                Value::Folded(f) if f & STACK_TAG != 0 => f & !STACK_TAG,
+                other => self.stack(heap, other, &|| format!("trace entry {n}"))?,
+            },
             stream,
             action,
         };
         let text = |v: Option<Value>| match v {
-            Some(Value::Str(s)) if s != self.keys.not_available && !heap.strings.get(s).is_empty() => Some(s),
+            Some(Value::Str(s)) if s != self.keys.not_available && !heap.strings.is_empty_at(s) => Some(s),
             _ => None,
         };
         let (compile_context, user_metadata) = (text(cc), text(um));
