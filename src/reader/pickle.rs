@@ -256,6 +256,12 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
             return self.err(ErrorKind::StackUnderflow { opcode: "PUT" });
         }
         let v = self.stack[self.stack.len() - 1];
+        self.memo_store(index, v)
+    }
+
+    /// Puts `v` (the value on top of the stack) in the memo at `index`, within the limits.
+    #[inline(always)]
+    fn memo_store(&mut self, index: u64, v: Value) -> Res<(), S::Error> {
         let len = self.memo.slots.len() as u64;
         if index > len {
             // Python's pickler never skips indexes; allow a few, as a map.
@@ -368,13 +374,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
         if self.input.peek() == Some(0x94) {
             self.at = self.input.offset();
             self.input.skip(1);
-            let len = self.memo.slots.len();
-            if len as u64 >= self.limits.max_memo {
-                return self.limit("memo size", self.limits.max_memo);
-            }
-            if !self.memo.put(len, v) {
-                return self.limit("memoized scalars", MEMO_PAYLOAD as u64);
-            }
+            self.memo_store(self.memo.slots.len() as u64, v)?;
         }
         Ok(())
     }
