@@ -38,18 +38,18 @@ pub struct SnapshotSink {
     pub(super) extras: Vec<Extra>,
     pub(super) stacks: Stacks,
     pub(super) streams: Vec<i64>,
-    pub(super) stream_index: foldhash::HashMap<i64, u16>,
-    pub(super) last_stream: Option<(i64, u16)>,
+    stream_index: foldhash::HashMap<i64, u16>,
+    last_stream: Option<(i64, u16)>,
     /// Looked up once per event (the one-entry cache misses as actions alternate), so with
     /// foldhash rather than std's SipHash.
-    pub(super) action_by_str: foldhash::HashMap<StrId, Action>,
-    pub(super) last_action: Option<(StrId, Action)>,
+    action_by_str: foldhash::HashMap<StrId, Action>,
+    last_action: Option<(StrId, Action)>,
     /// Frame of each frame dict already seen, by heap handle: torch shares frame dicts.
-    pub(super) frame_by_node: foldhash::HashMap<u32, crate::snapshot::FrameId>,
-    pub(super) scratch: Vec<crate::snapshot::FrameId>,
+    frame_by_node: foldhash::HashMap<u32, crate::snapshot::FrameId>,
+    scratch: Vec<crate::snapshot::FrameId>,
     /// Stack of each sequence of frame-dict handles already seen.
-    pub(super) stack_by_nodes: foldhash::HashMap<Box<[u32]>, StackId>,
-    pub(super) node_scratch: Vec<u32>,
+    stack_by_nodes: foldhash::HashMap<Box<[u32]>, StackId>,
+    node_scratch: Vec<u32>,
     pub(super) unknown_actions: Vec<String>,
 }
 
