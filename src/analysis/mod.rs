@@ -174,7 +174,7 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
         _ => 0,
     };
     let final_state = counters(&d.segments);
-    let diagnosis = advice::diagnose(&advice::Facts {
+    let mut diagnosis = advice::diagnose(&advice::Facts {
         ooms: &pass.ooms.ooms,
         pinned: &pinned,
         reserved_bytes: final_state.reserved_bytes,
@@ -183,7 +183,6 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
         big: big.clone(),
         big_repeats,
     });
-    let mut diagnosis = diagnosis;
     predict(snapshot, d, &pass.ooms.ooms, peak.reserved_bytes, &mut diagnosis);
     let analysis = DeviceAnalysis {
         device: d.device,
