@@ -111,11 +111,10 @@ fn simulate(
     json: bool,
 ) -> Result<Result<(), String>, IngestError> {
     let snap = ingest::ingest_path(file, &ingest::Options::default())?.snapshot;
-    let d = match device {
-        Some(want) => snap.devices.iter().find(|d| d.device == want),
-        None => snap.devices.first(),
+    let d = match pick_device(&snap, device) {
+        Ok(d) => d,
+        Err(usage) => return Ok(Err(usage)),
     };
-    let Some(d) = d else { return Ok(Err(format!("no device {}", device.unwrap_or(0)))) };
     let outcome = match crate::simulate::simulate(&snap, d, settings) {
         Ok(o) => o,
         Err(e) => return Ok(Err(e)),
@@ -145,16 +144,24 @@ fn simulate(
     Ok(Ok(()))
 }
 
-/// The segment map text, or a usage error (no such device or event).
-fn state(file: &std::path::Path, event: &str, device: Option<i64>) -> Result<Result<String, String>, IngestError> {
-    let snap = ingest::ingest_path(file, &ingest::Options::default())?.snapshot;
-    let devices: Vec<i64> = snap.devices.iter().map(|d| d.device).collect();
+/// The device `--device` names, else the first; a usage error naming the devices there are.
+fn pick_device(snap: &crate::snapshot::Snapshot, device: Option<i64>) -> Result<&crate::snapshot::Device, String> {
     let d = match device {
         Some(want) => snap.devices.iter().find(|d| d.device == want),
         None => snap.devices.first(),
     };
-    let Some(d) = d else {
-        return Ok(Err(format!("no device {} (devices: {devices:?})", device.unwrap_or(0))));
+    d.ok_or_else(|| {
+        let devices: Vec<i64> = snap.devices.iter().map(|d| d.device).collect();
+        format!("no device {} (devices: {devices:?})", device.unwrap_or(0))
+    })
+}
+
+/// The segment map text, or a usage error (no such device or event).
+fn state(file: &std::path::Path, event: &str, device: Option<i64>) -> Result<Result<String, String>, IngestError> {
+    let snap = ingest::ingest_path(file, &ingest::Options::default())?.snapshot;
+    let d = match pick_device(&snap, device) {
+        Ok(d) => d,
+        Err(usage) => return Ok(Err(usage)),
     };
     let n = snap.device_events(d).len();
     let replay = || crate::replay::Replay::run_with(&snap, d, &mut (), false);
