@@ -37,10 +37,16 @@ fn json_bytes<T: Serialize>(v: &T) -> Result<Vec<u8>, ApiError> {
     serde_json::to_vec(v).map_err(|e| ApiError::Internal(e.to_string()))
 }
 
-async fn analysis_value(app: &AppState, id: &str) -> Result<(SnapshotRow, Value), ApiError> {
+/// The stored analysis document of a ready snapshot, as written.
+async fn analysis_bytes(app: &AppState, id: &str) -> Result<(SnapshotRow, Vec<u8>), ApiError> {
     let row = app.ready(id).await?;
     let bytes =
         app.store.results.read(id, "analysis.json").map_err(|e| ApiError::Internal(format!("analysis.json: {e}")))?;
+    Ok((row, bytes))
+}
+
+async fn analysis_value(app: &AppState, id: &str) -> Result<(SnapshotRow, Value), ApiError> {
+    let (row, bytes) = analysis_bytes(app, id).await?;
     let v = serde_json::from_slice(&bytes).map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok((row, v))
 }
@@ -50,9 +56,7 @@ pub async fn analysis(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let row = app.ready(&id).await?;
-    let bytes =
-        app.store.results.read(&id, "analysis.json").map_err(|e| ApiError::Internal(format!("analysis.json: {e}")))?;
+    let (row, bytes) = analysis_bytes(&app, &id).await?;
     Ok(immutable(&headers, &row, "analysis", "application/json", bytes))
 }
 
