@@ -1,6 +1,6 @@
 //! Formatting of sizes and addresses for people and for JSON.
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Bytes as torch prints them: `3.05 GiB`, `520.00 MiB`.
 pub fn bytes(n: u64) -> String {
@@ -37,6 +37,14 @@ pub struct Addr(pub u64);
 impl Serialize for Addr {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&format!("{:#x}", self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for Addr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Addr, D::Error> {
+        let s = String::deserialize(d)?;
+        let hex = s.strip_prefix("0x").ok_or_else(|| serde::de::Error::custom("an address starts with 0x"))?;
+        u64::from_str_radix(hex, 16).map(Addr).map_err(serde::de::Error::custom)
     }
 }
 

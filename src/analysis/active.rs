@@ -7,8 +7,8 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::sites::{CallSite, call_site};
 use crate::replay::{Replay, Rules, State};
+use crate::snapshot::sites::{CallSite, call_site};
 use crate::snapshot::{Action, BlockState, Device, Snapshot, StackId};
 
 #[derive(Debug, Clone, Serialize)]

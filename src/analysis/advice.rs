@@ -8,28 +8,70 @@
 //!   so requests smaller than N never split them.
 //! - `reuse_buffer`: preallocate once when one call site asks for the same size again and again.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::gaps::Pinned;
 use super::oom::{Oom, Verdict};
 use super::rhythm::Rhythm;
-use super::sites::CallSite;
 use crate::replay::rules::{LARGE_BUFFER, Rules, SMALL_BUFFER, SMALL_SIZE};
+use crate::snapshot::sites::CallSite;
 use crate::units::{bytes, torch_size};
 
 const MIB: u64 = 1 << 20;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Diagnosis {
-    /// `fragmentation`, `capacity` (from the first OOM), or `no_oom`.
-    pub verdict: &'static str,
+    /// From the first OOM, or `no_oom`.
+    pub verdict: DiagnosisVerdict,
     pub summary: String,
     pub remedies: Vec<Remedy>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// What the diagnosis found, in one word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiagnosisVerdict {
+    Fragmentation,
+    Capacity,
+    NoOom,
+}
+
+impl DiagnosisVerdict {
+    /// The name in the JSON and the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiagnosisVerdict::Fragmentation => "fragmentation",
+            DiagnosisVerdict::Capacity => "capacity",
+            DiagnosisVerdict::NoOom => "no_oom",
+        }
+    }
+}
+
+/// The remedies fragscope knows, by the name the JSON gives them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemedyKind {
+    ExpandableSegments,
+    Mempool,
+    MaxSplitSize,
+    ReuseBuffer,
+}
+
+impl RemedyKind {
+    /// The remedy's title on the page.
+    pub fn title(self) -> &'static str {
+        match self {
+            RemedyKind::ExpandableSegments => "Expandable segments",
+            RemedyKind::Mempool => "A MemPool around the big allocations",
+            RemedyKind::MaxSplitSize => "max_split_size_mb",
+            RemedyKind::ReuseBuffer => "Reuse one buffer",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Remedy {
-    pub kind: &'static str,
+    pub kind: RemedyKind,
     pub applies: bool,
     pub setting_or_code: String,
     pub why: String,
@@ -78,9 +120,9 @@ pub fn diagnose(f: &Facts) -> Diagnosis {
         reuse(f, fragmented),
     ];
     let verdict = match oom.map(|o| o.verdict) {
-        Some(Verdict::Fragmentation) => "fragmentation",
-        Some(Verdict::Capacity) => "capacity",
-        None => "no_oom",
+        Some(Verdict::Fragmentation) => DiagnosisVerdict::Fragmentation,
+        Some(Verdict::Capacity) => DiagnosisVerdict::Capacity,
+        None => DiagnosisVerdict::NoOom,
     };
     Diagnosis { verdict, summary, remedies }
 }
@@ -150,7 +192,7 @@ fn expandable(f: &Facts, fragmented: bool) -> Remedy {
             ),
         )
     };
-    Remedy { kind: "expandable_segments", applies, setting_or_code: setting, why, predicted: None, site: None }
+    Remedy { kind: RemedyKind::ExpandableSegments, applies, setting_or_code: setting, why, predicted: None, site: None }
 }
 
 /// Bytes of a free range that do not fill whole expandable pages (2 MiB small, 20 MiB large).
@@ -165,7 +207,7 @@ fn stuck_in_pages(address: u64, size: u64) -> u64 {
 fn mempool(f: &Facts, fragmented: bool, pinner: Option<&CallSite>) -> Remedy {
     let Some((Some(site), size)) = f.big.clone() else {
         return Remedy {
-            kind: "mempool",
+            kind: RemedyKind::Mempool,
             applies: false,
             setting_or_code: String::new(),
             why: "The trace does not say where the big blocks were allocated (no frames recorded).".to_string(),
@@ -197,7 +239,7 @@ fn mempool(f: &Facts, fragmented: bool, pinner: Option<&CallSite>) -> Remedy {
         )
     };
     Remedy {
-        kind: "mempool",
+        kind: RemedyKind::Mempool,
         applies,
         setting_or_code: code,
         why,
@@ -232,13 +274,13 @@ fn max_split(f: &Facts, fragmented: bool, small_size: u64) -> Remedy {
             ),
         )
     };
-    Remedy { kind: "max_split_size", applies, setting_or_code: setting, why, predicted: None, site: None }
+    Remedy { kind: RemedyKind::MaxSplitSize, applies, setting_or_code: setting, why, predicted: None, site: None }
 }
 
 fn reuse(f: &Facts, fragmented: bool) -> Remedy {
     let Some((site, size)) = f.big.clone() else {
         return Remedy {
-            kind: "reuse_buffer",
+            kind: RemedyKind::ReuseBuffer,
             applies: false,
             setting_or_code: String::new(),
             why: "No big allocation to reuse.".into(),
@@ -273,7 +315,7 @@ fn reuse(f: &Facts, fragmented: bool) -> Remedy {
         (false, format!("{place} did not allocate the same size repeatedly ({} times in the trace).", f.big_repeats))
     };
     Remedy {
-        kind: "reuse_buffer",
+        kind: RemedyKind::ReuseBuffer,
         applies,
         setting_or_code: code,
         why,

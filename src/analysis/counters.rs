@@ -1,12 +1,12 @@
 //! Counters of one moment's segments, named and defined as torch's `memory_stats()` names them,
 //! so one grep joins a truth file, this code and the API.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::snapshot::{BlockState, Segment};
 
 /// The `final` block of the analysis: the state in `segments`.
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Counters {
     /// `reserved_bytes.all.current`: bytes of all segments.
     pub reserved_bytes: u64,

@@ -12,21 +12,21 @@
 
 use std::collections::HashMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::sites::{CallSite, call_site};
 use crate::replay::State;
+use crate::snapshot::sites::{CallSite, call_site};
 use crate::snapshot::{BlockState, Stacks};
 use crate::units::Addr;
 
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PinnedSummary {
     pub bytes: u64,
     pub gaps: u64,
     pub segments: u64,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Gap {
     pub segment: Addr,
     pub address: Addr,
@@ -34,7 +34,7 @@ pub struct Gap {
 }
 
 /// The live blocks of one call site that pin free memory.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Pinner {
     pub call_site: Option<CallSite>,
     pub blocks: u64,
@@ -45,7 +45,7 @@ pub struct Pinner {
     pub largest_share_block: Addr,
 }
 
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Pinned {
     pub summary: PinnedSummary,
     /// Largest first.

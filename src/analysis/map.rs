@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::gaps::pinned;
-use super::sites::{CallSite, call_site, frames};
 use crate::replay::{NIL, State};
+use crate::snapshot::sites::{CallSite, call_site, frames};
 use crate::snapshot::{BlockState, Device, PoolKind, Snapshot, StackId};
 use crate::units::Addr;
 

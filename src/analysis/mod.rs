@@ -8,7 +8,6 @@
 //! - `oom`: a verdict for each OOM.
 //! - `rhythm`: pinned segments created at a regular rhythm (the seed pattern).
 //! - `advice`: the diagnosis and its remedies.
-//! - `sites`: which frame of a stack is the call site.
 //! - `map`: the segment map at one moment, as the API and the page show it.
 //! - `active`: live bytes by call site over events (the active-memory timeline).
 //!
@@ -24,7 +23,6 @@ pub mod gaps;
 pub mod map;
 pub mod oom;
 pub mod rhythm;
-pub mod sites;
 pub mod timeline;
 
 pub use actions::{TraceSummary, trace_summary};
@@ -32,20 +30,19 @@ pub use counters::{Counters, counters};
 
 use foldhash::{HashMap, HashMapExt};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::ingest::Source;
 use crate::replay::{self, Observer, Replay, State};
-use crate::snapshot::{Action, Device, Event, Snapshot, StackId};
-use advice::Diagnosis;
+use crate::snapshot::sites::{self, call_site};
+use crate::snapshot::{Action, Device, Event, Snapshot, Source, StackId};
+use advice::{Diagnosis, RemedyKind};
 use gaps::{Gap, PinnedSummary, Pinner};
 use oom::{Oom, OomObserver};
 use rhythm::Rhythm;
-use sites::call_site;
 use timeline::{Peak, Timeline};
 
 /// The analysis document. Later versions add keys; they never rename these.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Analysis {
     pub source: Source,
     pub allocator_settings: Option<serde_json::Value>,
@@ -56,7 +53,7 @@ pub struct Analysis {
     pub devices: Vec<DeviceAnalysis>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeviceAnalysis {
     pub device: i64,
     #[serde(rename = "final")]
@@ -76,7 +73,7 @@ pub struct DeviceAnalysis {
 }
 
 /// How faithful the replay is: it must end at the final `segments`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReplayReport {
     pub matches_final: bool,
     pub mismatches: Vec<String>,
@@ -225,15 +222,16 @@ fn predict(snapshot: &Snapshot, d: &Device, ooms: &[Oom], real_peak: u64, diagno
     let budget = ooms.first().map(|o| o.reserved_bytes);
     for r in diagnosis.remedies.iter_mut().filter(|r| r.applies) {
         let settings = match r.kind {
-            "expandable_segments" | "max_split_size" => {
+            RemedyKind::ExpandableSegments | RemedyKind::MaxSplitSize => {
                 let conf = r.setting_or_code.trim_start_matches("PYTORCH_CUDA_ALLOC_CONF=").to_string();
                 crate::simulate::Settings { conf: Some(conf), capacity: budget, ..Default::default() }
             }
-            "mempool" => crate::simulate::Settings { capacity: budget, mempool: r.site.clone(), ..Default::default() },
-            "reuse_buffer" => {
+            RemedyKind::Mempool => {
+                crate::simulate::Settings { capacity: budget, mempool: r.site.clone(), ..Default::default() }
+            }
+            RemedyKind::ReuseBuffer => {
                 crate::simulate::Settings { capacity: budget, reuse: r.site.clone(), ..Default::default() }
             }
-            _ => continue,
         };
         let Ok(o) = crate::simulate::simulate(snapshot, d, &settings) else { continue };
         let peak = crate::units::bytes(o.peak_reserved_bytes);

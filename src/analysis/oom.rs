@@ -6,21 +6,21 @@
 //! memory reserved but unallocated could have held the request had it been one block, and
 //! `capacity` when even that would not have sufficed.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::gaps::{Gap, Pinner, pinned};
-use super::sites::{CallSite, call_site};
 use crate::replay::{Observer, State, rules::Rules};
+use crate::snapshot::sites::{CallSite, call_site};
 use crate::snapshot::{Action, Event, PoolKind, Snapshot};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     Fragmentation,
     Capacity,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Oom {
     pub event_index: u64,
     pub time_us: Option<i64>,
@@ -29,7 +29,7 @@ pub struct Oom {
     /// The segment cudaMalloc was asked for ("Tried to allocate" in torch's message).
     pub allocation_bytes: u64,
     /// `small` (at most 1 MiB) or `large`.
-    pub pool: &'static str,
+    pub pool: String,
     pub stream: i64,
     pub reserved_bytes: u64,
     pub allocated_bytes: u64,
@@ -75,7 +75,7 @@ impl Observer for OomObserver<'_> {
             time_us: e.time(),
             requested_bytes: e.size,
             allocation_bytes: Rules::segment_size(e.size),
-            pool: if small { "small" } else { "large" },
+            pool: if small { "small" } else { "large" }.to_string(),
             stream: self.snapshot.stream(e.stream),
             reserved_bytes: t.reserved_bytes,
             allocated_bytes: t.allocated_bytes,

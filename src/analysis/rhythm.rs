@@ -5,13 +5,13 @@
 //! three pinned segments whose creation events are evenly spaced: every gap between
 //! consecutive creations within 25% of their median.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::sites::{CallSite, call_site};
 use crate::replay::{NIL, State};
 use crate::snapshot::Stacks;
+use crate::snapshot::sites::{CallSite, call_site};
 
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Rhythm {
     pub detected: bool,
     /// Pinned segments whose creation is in the trace.

@@ -2,7 +2,7 @@
 //! peaks. Recorded as plain columns in one replay pass; served downsampled with each bucket's
 //! minimum and maximum so that no spike disappears.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::replay::{Observer, State};
 use crate::snapshot::{Action, Event};
@@ -23,7 +23,7 @@ pub struct Timeline {
     pub peak: Peak,
 }
 
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Peak {
     pub reserved_bytes: u64,
     pub allocated_bytes: u64,
@@ -121,6 +121,21 @@ fn extremes(col: &[u64], blocks: Option<Blocks>, lo: usize, hi: usize) -> (u64, 
     }
 }
 
+/// A timeline's columns wherever they live (in memory, or a mapped file), with their block
+/// extremes where stored.
+pub struct Columns<'a> {
+    pub time: &'a [i64],
+    pub series: [&'a [u64]; 5],
+    pub blocks: Option<[Blocks<'a>; 5]>,
+}
+
+impl Columns<'_> {
+    /// Events `range` in `points` buckets (see [`downsample`]).
+    pub fn downsample(&self, range: std::ops::Range<usize>, points: usize) -> Downsampled {
+        downsample(self.time, self.series, self.blocks, range, points)
+    }
+}
+
 /// Downsamples columns (one value per event) into `points` buckets over `range`; `blocks`,
 /// where given, are each column's [`block_extremes`] (same answer, fewer reads).
 pub fn downsample(
@@ -175,7 +190,7 @@ pub const SERIES: [&str; 5] =
     ["reserved_bytes", "allocated_bytes", "active_bytes", "pinned_free_bytes", "largest_free_block_bytes"];
 
 /// A downsampled stretch of the timeline.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Downsampled {
     pub start: u64,
     pub end: u64,
@@ -249,7 +264,11 @@ mod tests {
             let points = (next() % 300) as usize + 1;
             let full = downsample(&time, columns, None, range.clone(), points);
             let fast = downsample(&time, columns, Some(blocks), range.clone(), points);
-            assert_eq!((full.min, full.max, full.event), (fast.min, fast.max, fast.event), "case {case}: {range:?}/{points}");
+            assert_eq!(
+                (full.min, full.max, full.event),
+                (fast.min, fast.max, fast.event),
+                "case {case}: {range:?}/{points}"
+            );
         }
     }
 }

@@ -16,8 +16,8 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::analysis::sites;
 use crate::replay::{Observer, Replay, Rules, State};
+use crate::snapshot::sites;
 use crate::snapshot::{Action, BlockState, Device, Event, Snapshot, StackId};
 use allocator::Allocator;
 

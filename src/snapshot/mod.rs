@@ -8,6 +8,7 @@
 mod build;
 mod error;
 mod sink;
+pub mod sites;
 mod stacks;
 mod trace;
 mod validate;
@@ -68,6 +69,18 @@ impl Snapshot {
         let x = &self.extras[i];
         (x.compile_context.map(|s| self.stacks.str(s)), x.user_metadata.map(|s| self.stacks.str(s)))
     }
+}
+
+/// What the file was, as reported under `source` in the analysis.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Source {
+    pub bytes: u64,
+    pub sha256: String,
+    /// `pickle` or `json`.
+    pub encoding: String,
+    /// `none`, `gzip` or `zstd`.
+    pub compression: String,
+    pub pickle_protocol: Option<u8>,
 }
 
 #[derive(Debug)]
@@ -145,7 +158,7 @@ pub struct Block {
     pub stack: StackId,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Annotation {
     pub name: String,
     /// `START` or `END`.

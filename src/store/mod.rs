@@ -15,7 +15,7 @@ mod results;
 
 pub use blobs::{BlobStore, LocalBlobs};
 pub use meta::{Meta, SnapshotRow, Status};
-pub use results::{MappedTimeline, Results, map_name};
+pub use results::{MappedTimeline, Results, Written};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,6 +26,8 @@ pub enum StoreError {
     Db(#[from] sqlx::Error),
     #[error("file error")]
     Io(#[from] std::io::Error),
+    #[error("stored results are unreadable: {0}")]
+    Corrupt(String),
     #[error("background task failed")]
     Task(#[from] tokio::task::JoinError),
 }
@@ -64,6 +66,13 @@ impl Store {
     /// A fresh path for an upload in progress.
     pub fn temp_path(&self) -> PathBuf {
         self.tmp.join(format!("{}.part", random_id()))
+    }
+
+    /// Removes an upload in progress that will not be kept.
+    pub fn discard_temp(&self, temp: &std::path::Path) {
+        if temp.starts_with(&self.tmp) {
+            let _ = std::fs::remove_file(temp);
+        }
     }
 
     /// Removes what a crash can leave behind.

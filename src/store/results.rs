@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-use crate::analysis::timeline::{BLOCK, Blocks, Downsampled, Timeline, block_extremes, downsample};
+use crate::analysis::Analysis;
+use crate::analysis::timeline::{BLOCK, Blocks, Columns, Timeline, block_extremes};
 
 #[cfg(target_endian = "big")]
 compile_error!("timeline files are read in place as little-endian values");
@@ -27,8 +28,19 @@ pub struct Results {
     dir: PathBuf,
 }
 
+/// The analysis document's file name.
+const ANALYSIS: &str = "analysis.json";
+
+/// What one analysis leaves: the document, the segment maps a page opens first (device, the
+/// event they follow or None for the end, JSON bytes), one timeline per device.
+pub struct Written<'a> {
+    pub analysis: &'a Analysis,
+    pub maps: Vec<(i64, Option<u64>, Vec<u8>)>,
+    pub timelines: Vec<(i64, &'a Timeline)>,
+}
+
 /// Where a segment map is kept: the end, or right after an event.
-pub fn map_name(device: i64, event: Option<u64>) -> String {
+fn map_name(device: i64, event: Option<u64>) -> String {
     match event {
         Some(e) => format!("map-{device}-{e}.json"),
         None => format!("map-{device}-final.json"),
@@ -46,14 +58,16 @@ impl Results {
         self.dir.join(id)
     }
 
-    /// Writes a snapshot's results: `files` are (name, bytes), `timelines` one per device.
-    pub fn write(&self, id: &str, files: &[(String, Vec<u8>)], timelines: &[(i64, &Timeline)]) -> io::Result<()> {
+    /// Writes a snapshot's results whole: into a temp directory, renamed into place.
+    pub fn write(&self, id: &str, w: &Written) -> io::Result<()> {
         let temp = self.dir.join(format!(".{id}.partial-{}", super::random_id()));
         std::fs::create_dir_all(&temp)?;
-        for (name, bytes) in files {
-            std::fs::write(temp.join(name), bytes)?;
+        let doc = serde_json::to_vec(w.analysis).map_err(io::Error::other)?;
+        std::fs::write(temp.join(ANALYSIS), doc)?;
+        for (device, event, bytes) in &w.maps {
+            std::fs::write(temp.join(map_name(*device, *event)), bytes)?;
         }
-        for (device, t) in timelines {
+        for (device, t) in &w.timelines {
             write_timeline(&temp.join(format!("timeline-{device}.bin")), t)?;
         }
         File::open(&temp)?.sync_all()?;
@@ -65,8 +79,20 @@ impl Results {
         File::open(&self.dir)?.sync_all()
     }
 
-    pub fn read(&self, id: &str, name: &str) -> io::Result<Vec<u8>> {
-        std::fs::read(self.path(id).join(name))
+    /// The analysis document as stored (the API serves these bytes as they are).
+    pub fn analysis_bytes(&self, id: &str) -> io::Result<Vec<u8>> {
+        std::fs::read(self.path(id).join(ANALYSIS))
+    }
+
+    /// The analysis document, typed.
+    pub fn analysis(&self, id: &str) -> Result<Analysis, super::StoreError> {
+        let bytes = self.analysis_bytes(id)?;
+        serde_json::from_slice(&bytes).map_err(|e| super::StoreError::Corrupt(format!("{ANALYSIS} of {id}: {e}")))
+    }
+
+    /// A segment map stored at analysis time (the end, or right after an OOM), if there is one.
+    pub fn map(&self, id: &str, device: i64, event: Option<u64>) -> io::Result<Vec<u8>> {
+        std::fs::read(self.path(id).join(map_name(device, event)))
     }
 
     pub fn timeline(&self, id: &str, device: i64) -> io::Result<MappedTimeline> {
@@ -181,18 +207,34 @@ impl MappedTimeline {
         Some(Blocks { min, max })
     }
 
-    pub fn downsample(&self, range: std::ops::Range<usize>, points: usize) -> Downsampled {
+    /// The columns as stored, for [`Columns::downsample`].
+    pub fn columns(&self) -> Columns<'_> {
         let time: &[i64] = bytemuck::cast_slice(self.column(0));
-        let cols = [self.column(1), self.column(2), self.column(3), self.column(4), self.column(5)];
+        let series = [self.column(1), self.column(2), self.column(3), self.column(4), self.column(5)];
         let blocks = (0..5).map(|s| self.blocks(s)).collect::<Option<Vec<_>>>();
         let blocks = blocks.and_then(|b| <[Blocks; 5]>::try_from(b).ok());
-        downsample(time, cols, blocks, range, points)
+        Columns { time, series, blocks }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn empty_analysis() -> Analysis {
+        let source = crate::snapshot::Source {
+            bytes: 0,
+            sha256: String::new(),
+            encoding: "pickle".into(),
+            compression: "none".into(),
+            pickle_protocol: None,
+        };
+        Analysis { source, allocator_settings: None, annotations: vec![], warnings: vec![], devices: vec![] }
+    }
+
+    fn written<'a>(analysis: &'a Analysis, t: &'a Timeline) -> Written<'a> {
+        Written { analysis, maps: vec![], timelines: vec![(0, t)] }
+    }
 
     fn timeline(n: usize) -> Timeline {
         let mut t = Timeline::default();
@@ -211,14 +253,14 @@ mod tests {
         let results = Results::new(dir.path().to_path_buf()).unwrap();
         let t = timeline(10_007);
         let id = crate::store::random_id();
-        results.write(&id, &[], &[(0, &t)]).unwrap();
+        results.write(&id, &written(&empty_analysis(), &t)).unwrap();
         let v2 = results.timeline(&id, 0).unwrap();
         assert!(v2.blocks(0).is_some());
         // A version 1 file: the same header and columns, without the blocks (under another
         // id: rewriting a mapped file in place is what results never do).
         let bytes = std::fs::read(dir.path().join(&id).join("timeline-0.bin")).unwrap();
         let old = crate::store::random_id();
-        results.write(&old, &[], &[(0, &t)]).unwrap();
+        results.write(&old, &written(&empty_analysis(), &t)).unwrap();
         let path = dir.path().join(&old).join("timeline-0.bin");
         let mut v1 = bytes[..HEADER + 6 * 8 * t.len()].to_vec();
         v1[4..8].copy_from_slice(&1u32.to_le_bytes());
@@ -227,8 +269,8 @@ mod tests {
         assert!(v1.blocks(0).is_none());
         for (range, points) in [(0..10_007, 1000), (0..10_007, 7), (63..9_000, 100), (5..6, 3), (129..4_000, 4_000)] {
             let want = t.downsample(range.clone(), points);
-            assert_eq!(v2.downsample(range.clone(), points), want, "{range:?}/{points}");
-            assert_eq!(v1.downsample(range.clone(), points), want, "{range:?}/{points}");
+            assert_eq!(v2.columns().downsample(range.clone(), points), want, "{range:?}/{points}");
+            assert_eq!(v1.columns().downsample(range.clone(), points), want, "{range:?}/{points}");
         }
         drop(v1);
         // A truncated file is refused, not misread.

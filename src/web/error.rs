@@ -80,6 +80,17 @@ impl From<crate::store::StoreError> for ApiError {
 }
 
 /// What a refused upload answers: the reader's message, with its byte offset.
+impl From<crate::service::ServiceError> for ApiError {
+    fn from(e: crate::service::ServiceError) -> Self {
+        use crate::service::ServiceError;
+        match e {
+            ServiceError::Ingest(e) => e.into(),
+            ServiceError::Store(e) => e.into(),
+            ServiceError::Internal(e) => ApiError::Internal(e),
+        }
+    }
+}
+
 impl From<IngestError> for ApiError {
     fn from(e: IngestError) -> Self {
         let msg = e.to_string();

@@ -19,9 +19,9 @@ use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::config::Config;
-use crate::loaded::Loaded;
+use crate::service::Service;
+use crate::service::loaded::Loaded;
 use crate::store::{SnapshotRow, Status, Store, valid_id};
-use crate::worker::Worker;
 use error::ApiError;
 
 #[derive(Clone)]
@@ -29,9 +29,7 @@ pub struct AppState(Arc<Inner>);
 
 pub struct Inner {
     pub config: Config,
-    pub store: Arc<Store>,
-    pub worker: Worker,
-    pub loaded: Arc<Loaded>,
+    pub service: Service,
 }
 
 impl std::ops::Deref for AppState {
@@ -58,7 +56,7 @@ impl AppState {
         if !valid_id(id) {
             return Err(ApiError::NotFound("snapshot"));
         }
-        self.store.meta.get(id).await?.ok_or(ApiError::NotFound("snapshot"))
+        self.service.store.meta.get(id).await?.ok_or(ApiError::NotFound("snapshot"))
     }
 
     /// The snapshot, if its analysis is done.
@@ -111,22 +109,15 @@ async fn not_found(uri: axum::http::Uri) -> axum::response::Response {
 pub async fn serve(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let store = Arc::new(Store::open(&config.data_dir).await?);
     store.clean_after_crash().await?;
-    // Three quarters of the memory budget for analyses at work, a quarter for parsed snapshots
-    // kept for queries.
     let budget = config.memory_budget();
-    let loaded = Arc::new(Loaded::new(config.loaded_snapshots, budget / 4));
-    let worker = Worker::start(store.clone(), loaded.clone(), config.analysis_workers, budget / 4 * 3);
+    let service = Service::start(store.clone(), config.analysis_workers, config.loaded_snapshots, budget).await?;
     tracing::info!(budget_mib = budget >> 20, "memory budget");
-    for id in store.meta.unfinished().await? {
-        tracing::info!(id, "analysis interrupted by a stop: running it again");
-        worker.enqueue(&id);
-    }
     if let Some(days) = config.retain_days {
-        tokio::spawn(retention(store.clone(), loaded.clone(), days));
+        tokio::spawn(retention(store.clone(), service.loaded.clone(), days));
     }
     let listener = tokio::net::TcpListener::bind(config.addr).await?;
     let addr = listener.local_addr()?;
-    let state = AppState(Arc::new(Inner { config, store: store.clone(), worker, loaded }));
+    let state = AppState(Arc::new(Inner { config, service }));
     // Tests and scripts read this line to find the port.
     println!("fragscope listening on http://{addr}");
     let stop = Arc::new(tokio::sync::Notify::new());

@@ -7,11 +7,12 @@ use askama::Template;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
-use serde_json::Value;
 
 use super::AppState;
 use super::error::ApiError;
 use super::extract::Path;
+use crate::analysis::DeviceAnalysis;
+use crate::analysis::advice::DiagnosisVerdict;
 use crate::store::{SnapshotRow, Status};
 use crate::units::bytes;
 
@@ -138,7 +139,8 @@ pub async fn home(State(app): State<AppState>) -> Result<Html<String>, PageError
     let recent = if locked {
         Vec::new()
     } else {
-        app.store
+        app.service
+            .store
             .meta
             .list(20, 0)
             .await?
@@ -178,123 +180,96 @@ pub async fn snapshot(
         annotations: Vec::new(),
     };
     if page.ready {
-        fill(&app, &row, &mut page)?;
+        fill(&app, &row, &mut page).await?;
     }
     render(page)
 }
 
-fn fill(app: &AppState, row: &SnapshotRow, page: &mut Snapshot) -> Result<(), PageError> {
-    let raw = app.store.results.read(&row.id, "analysis.json").map_err(|e| ApiError::Internal(e.to_string()))?;
-    let a: Value = serde_json::from_slice(&raw).map_err(|e| ApiError::Internal(e.to_string()))?;
-    for d in a["devices"].as_array().into_iter().flatten() {
+async fn fill(app: &AppState, row: &SnapshotRow, page: &mut Snapshot) -> Result<(), PageError> {
+    let a = app.service.analysis(&row.id).await.map_err(ApiError::from)?;
+    for d in &a.devices {
         let mut card = device_card(d);
-        for w in a["warnings"].as_array().into_iter().flatten().filter_map(|w| w.as_str()) {
-            if w.starts_with(&format!("device {}:", card.device)) {
-                card.warnings.insert(0, format!("The file contradicts itself: {w}"));
-            }
+        let prefix = format!("device {}:", d.device);
+        for w in a.warnings.iter().filter(|w| w.starts_with(&prefix)) {
+            card.warnings.insert(0, format!("The file contradicts itself: {w}"));
         }
         page.devices.push(card);
     }
-    if let Some(s) = a["allocator_settings"].as_object() {
+    if let Some(s) = a.allocator_settings.as_ref().and_then(|s| s.as_object()) {
         page.settings = s
             .iter()
             .filter(|(k, _)| *k != "roundup_power2_divisions")
             .map(|(k, v)| (k.clone(), v.to_string()))
             .collect();
     }
-    page.annotations = a["annotations"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    page.annotations = a
+        .annotations
+        .iter()
         .take(200)
-        .map(|x| {
-            format!(
-                "{} {} (device {}, {} µs)",
-                x["stage"].as_str().unwrap_or(""),
-                x["name"].as_str().unwrap_or(""),
-                x["device"],
-                x["time_us"]
-            )
-        })
+        .map(|x| format!("{} {} (device {}, {} µs)", x.stage, x.name, x.device, x.time_us))
         .collect();
     Ok(())
 }
 
-fn device_card(d: &Value) -> DeviceCard {
-    let dg = &d["diagnosis"];
-    let verdict = dg["verdict"].as_str().unwrap_or("no_oom");
-    let n = |v: &Value| bytes(v.as_u64().unwrap_or(0));
-    let mut figures = Vec::new();
-    if let Some(o) = d["ooms"].as_array().and_then(|o| o.first()) {
-        figures.push(("requested".into(), n(&o["requested_bytes"])));
-        figures.push(("reserved".into(), n(&o["reserved_bytes"])));
-        figures.push(("allocated".into(), n(&o["allocated_bytes"])));
-        figures.push(("largest usable free block".into(), n(&o["largest_usable_free_bytes"])));
-        figures.push(("pinned free".into(), n(&o["pinned_free_bytes"])));
-    } else {
-        figures.push(("reserved".into(), n(&d["final"]["reserved_bytes"])));
-        figures.push(("allocated".into(), n(&d["final"]["allocated_bytes"])));
-        figures.push(("pinned free".into(), n(&d["pinned"]["bytes"])));
-        figures.push(("peak reserved".into(), n(&d["peak"]["reserved_bytes"])));
-    }
-    let events = d["trace"]["events"].as_u64().unwrap_or(0);
-    let start_event = d["ooms"][0]["event_index"].as_i64().unwrap_or(events as i64 - 1);
-    let remedies = dg["remedies"]
-        .as_array()
-        .into_iter()
-        .flatten()
+fn device_card(d: &DeviceAnalysis) -> DeviceCard {
+    let dg = &d.diagnosis;
+    let oom = d.ooms.first();
+    let figures = match oom {
+        Some(o) => vec![
+            ("requested".into(), bytes(o.requested_bytes)),
+            ("reserved".into(), bytes(o.reserved_bytes)),
+            ("allocated".into(), bytes(o.allocated_bytes)),
+            ("largest usable free block".into(), bytes(o.largest_usable_free_bytes)),
+            ("pinned free".into(), bytes(o.pinned_free_bytes)),
+        ],
+        None => vec![
+            ("reserved".into(), bytes(d.final_state.reserved_bytes)),
+            ("allocated".into(), bytes(d.final_state.allocated_bytes)),
+            ("pinned free".into(), bytes(d.pinned.bytes)),
+            ("peak reserved".into(), bytes(d.peak.reserved_bytes)),
+        ],
+    };
+    let events = d.trace.events;
+    let remedies = dg
+        .remedies
+        .iter()
         .map(|r| RemedyView {
-            title: match r["kind"].as_str().unwrap_or("") {
-                "expandable_segments" => "Expandable segments",
-                "mempool" => "A MemPool around the big allocations",
-                "max_split_size" => "max_split_size_mb",
-                "reuse_buffer" => "Reuse one buffer",
-                _ => "Remedy",
-            },
-            applies: r["applies"].as_bool().unwrap_or(false),
-            code: r["setting_or_code"].as_str().unwrap_or("").to_string(),
-            why: match r["predicted"].as_str() {
-                Some(p) => format!("{} Predicted: {p}.", r["why"].as_str().unwrap_or("")),
-                None => r["why"].as_str().unwrap_or("").to_string(),
+            title: r.kind.title(),
+            applies: r.applies,
+            code: r.setting_or_code.clone(),
+            why: match &r.predicted {
+                Some(p) => format!("{} Predicted: {p}.", r.why),
+                None => r.why.clone(),
             },
         })
         .collect();
-    let mut warnings: Vec<String> = d["replay"]["first_warnings"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|w| w.as_str().map(String::from))
-        .collect();
-    warnings.extend(
-        d["replay"]["mismatches"].as_array().into_iter().flatten().filter_map(|w| w.as_str().map(String::from)),
-    );
-    if d["trace"]["complete"] == false {
+    let mut warnings: Vec<String> = d.replay.first_warnings.clone();
+    warnings.extend(d.replay.mismatches.iter().cloned());
+    if !d.trace.complete {
         warnings.insert(0, "The trace does not reach back to an empty allocator (its oldest events were dropped): the start is reconstructed from the end.".into());
     }
-    let budget = d["ooms"][0]["reserved_bytes"].as_u64().map(|b| format!("{}MiB", b >> 20)).unwrap_or_default();
-    let real = match d["ooms"][0]["event_index"].as_u64() {
-        Some(e) => format!("Really: out of memory at event {e}, with {} reserved.", n(&d["ooms"][0]["reserved_bytes"])),
-        None => format!("Really: no OOM, peak {} reserved.", n(&d["peak"]["reserved_bytes"])),
+    let real = match oom {
+        Some(o) => {
+            format!("Really: out of memory at event {}, with {} reserved.", o.event_index, bytes(o.reserved_bytes))
+        }
+        None => format!("Really: no OOM, peak {} reserved.", bytes(d.peak.reserved_bytes)),
+    };
+    let (verdict, verdict_class) = match dg.verdict {
+        DiagnosisVerdict::Fragmentation => ("Out of memory: fragmentation", "bad"),
+        DiagnosisVerdict::Capacity => ("Out of memory: capacity", "warn"),
+        DiagnosisVerdict::NoOom => ("No OOM in this trace", "ok"),
     };
     DeviceCard {
-        budget,
+        budget: oom.map(|o| format!("{}MiB", o.reserved_bytes >> 20)).unwrap_or_default(),
         real,
-        device: d["device"].as_i64().unwrap_or(0),
-        verdict: match verdict {
-            "fragmentation" => "Out of memory: fragmentation".into(),
-            "capacity" => "Out of memory: capacity".into(),
-            _ => "No OOM in this trace".into(),
-        },
-        verdict_class: match verdict {
-            "fragmentation" => "bad",
-            "capacity" => "warn",
-            _ => "ok",
-        },
-        summary: dg["summary"].as_str().unwrap_or("").to_string(),
+        device: d.device,
+        verdict: verdict.into(),
+        verdict_class,
+        summary: dg.summary.clone(),
         figures,
         remedies,
         events,
-        start_event,
+        start_event: oom.map(|o| o.event_index as i64).unwrap_or(events as i64 - 1),
         warnings,
     }
 }

@@ -2,6 +2,7 @@
 
 mod browser;
 mod diagnosis;
+mod external;
 mod hardening;
 mod hostile;
 mod js;

@@ -7,16 +7,11 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-use crate::ingest;
+use crate::service::Upload;
 use crate::store::{SnapshotRow, Status};
 use crate::web::error::ApiError;
 use crate::web::extract::{Path, Query};
 use crate::web::{AppState, upload};
-
-/// Uploads up to this size are read through before the answer, so a file that is no snapshot
-/// gets its 4xx at once; larger ones are checked by their first bytes, then analysed in the
-/// background.
-pub const CHECK_BEFORE_ANSWER: u64 = 32 << 20;
 
 #[derive(Deserialize)]
 pub struct CreateQuery {
@@ -46,41 +41,13 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
     app.authorize(&headers)?;
     let idle = std::time::Duration::from_secs(app.config.request_timeout_secs);
-    let got = upload::receive(request, app.store.temp_path(), app.config.max_upload, idle).await?;
-    let refuse = |e: ApiError, temp: &std::path::Path| {
-        let _ = std::fs::remove_file(temp);
-        Err(e)
-    };
-    if let Some(existing) = app.store.meta.by_sha256(&got.sha256).await? {
-        let _ = std::fs::remove_file(&got.temp);
-        return Ok((StatusCode::ACCEPTED, Json(created(&existing, true))));
-    }
-    if let Err(e) = ingest::check_head(&got.head) {
-        return refuse(e.into(), &got.temp);
-    }
-    if got.bytes <= CHECK_BEFORE_ANSWER {
-        let _slot = app.worker.slots.acquire().await.map_err(|e| ApiError::Internal(e.to_string()))?;
-        let _memory = app.worker.reserve_memory(crate::worker::memory_estimate(got.bytes, &got.head)).await;
-        let temp = got.temp.clone();
-        let checked =
-            tokio::task::spawn_blocking(move || ingest::ingest_path(&temp, &ingest::Options::default()).map(|_| ()))
-                .await;
-        match checked {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return refuse(e.into(), &got.temp),
-            Err(e) => return refuse(ApiError::Internal(e.to_string()), &got.temp),
-        }
-    }
-    let name = clean(q.name.as_deref().or(got.name.as_deref()).or(got.filename.as_deref()).unwrap_or("snapshot"), 200);
-    let note = clean(q.note.as_deref().or(got.note.as_deref()).unwrap_or(""), 4000);
-    let (row, new) = app
-        .store
-        .add_upload(got.temp, got.sha256, got.bytes, if name.is_empty() { "snapshot".into() } else { name }, note)
-        .await?;
-    if new {
-        app.worker.enqueue(&row.id);
-    }
-    Ok((StatusCode::ACCEPTED, Json(created(&row, !new))))
+    let got = upload::receive(request, app.service.store.temp_path(), app.config.max_upload, idle).await?;
+    let name = q.name.as_deref().or(got.name.as_deref()).or(got.filename.as_deref()).unwrap_or("snapshot");
+    let note = q.note.as_deref().or(got.note.as_deref()).unwrap_or("");
+    let (name, note) = (clean(name, 200), clean(note, 4000));
+    let up = Upload { temp: got.temp, sha256: got.sha256, bytes: got.bytes, head: got.head, name, note };
+    let admitted = app.service.admit(up).await?;
+    Ok((StatusCode::ACCEPTED, Json(created(&admitted.row, admitted.duplicate))))
 }
 
 fn created(row: &SnapshotRow, duplicate: bool) -> Created {
@@ -112,9 +79,13 @@ pub struct StatusView {
 pub fn status_view(app: &AppState, row: SnapshotRow) -> StatusView {
     let progress = match row.status {
         Status::Ready => 1.0,
-        Status::Analyzing => {
-            app.worker.progress(&row.id).map(|read| read as f64 / row.bytes.max(1) as f64).unwrap_or(0.0).min(0.99)
-        }
+        Status::Analyzing => app
+            .service
+            .worker
+            .progress(&row.id)
+            .map(|read| read as f64 / row.bytes.max(1) as f64)
+            .unwrap_or(0.0)
+            .min(0.99),
         Status::Queued | Status::Failed => 0.0,
     };
     StatusView {
@@ -150,7 +121,7 @@ pub async fn list(
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Vec<StatusView>>, ApiError> {
     app.authorize(&headers)?;
-    let rows = app.store.meta.list(q.limit.unwrap_or(50).min(500), q.offset.unwrap_or(0)).await?;
+    let rows = app.service.store.meta.list(q.limit.unwrap_or(50).min(500), q.offset.unwrap_or(0)).await?;
     Ok(Json(rows.into_iter().map(|r| status_view(&app, r)).collect()))
 }
 
@@ -161,15 +132,14 @@ pub async fn delete(
 ) -> Result<StatusCode, ApiError> {
     app.authorize(&headers)?;
     app.row(&id).await?;
-    app.store.delete(&id).await?;
-    app.loaded.remove(&id);
+    app.service.delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// The original upload, as an attachment (never rendered by the browser).
 pub async fn blob(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let row = app.row(&id).await?;
-    let file = app.store.blobs.open(&row.sha256).map_err(|_| ApiError::NotFound("upload"))?;
+    let file = app.service.store.blobs.open(&row.sha256).map_err(|_| ApiError::NotFound("upload"))?;
     let safe: String =
         row.name.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')).take(100).collect();
     let filename = if safe.is_empty() { "snapshot".to_string() } else { safe };

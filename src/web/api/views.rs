@@ -11,9 +11,11 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::analysis::{active, gaps, map, sites};
-use crate::loaded::Entry;
-use crate::store::{SnapshotRow, map_name};
+use crate::analysis::{Analysis, DeviceAnalysis};
+use crate::analysis::{active, gaps, map};
+use crate::service::loaded::Entry;
+use crate::snapshot::sites;
+use crate::store::SnapshotRow;
 use crate::web::AppState;
 use crate::web::error::ApiError;
 use crate::web::extract::{Path, Query};
@@ -37,48 +39,57 @@ fn json_bytes<T: Serialize>(v: &T) -> Result<Vec<u8>, ApiError> {
     serde_json::to_vec(v).map_err(|e| ApiError::Internal(e.to_string()))
 }
 
-/// The stored analysis document of a ready snapshot, as written.
-async fn analysis_bytes(app: &AppState, id: &str) -> Result<(SnapshotRow, Vec<u8>), ApiError> {
-    let row = app.ready(id).await?;
-    let bytes =
-        app.store.results.read(id, "analysis.json").map_err(|e| ApiError::Internal(format!("analysis.json: {e}")))?;
-    Ok((row, bytes))
+/// The stored analysis of a ready snapshot, typed.
+async fn stored(app: &AppState, id: &str) -> Result<Analysis, ApiError> {
+    app.ready(id).await?;
+    Ok(app.service.analysis(id).await?)
 }
 
-async fn analysis_value(app: &AppState, id: &str) -> Result<(SnapshotRow, Value), ApiError> {
-    let (row, bytes) = analysis_bytes(app, id).await?;
-    let v = serde_json::from_slice(&bytes).map_err(|e| ApiError::Internal(e.to_string()))?;
-    Ok((row, v))
-}
-
+/// The analysis document as stored, passed through untouched.
 pub async fn analysis(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let (row, bytes) = analysis_bytes(&app, &id).await?;
+    let row = app.ready(&id).await?;
+    let bytes = app.service.store.results.analysis_bytes(&id).map_err(crate::store::StoreError::from)?;
     Ok(immutable(&headers, &row, "analysis", "application/json", bytes))
 }
 
-/// One key of every device, as `[{"device": d, KEY: ...}]`.
-async fn per_device(app: &AppState, id: &str, key: &str) -> Result<Json<Value>, ApiError> {
-    let (_, v) = analysis_value(app, id).await?;
-    let out: Vec<Value> =
-        v["devices"].as_array().into_iter().flatten().map(|d| json!({"device": d["device"], key: d[key]})).collect();
-    Ok(Json(Value::Array(out)))
+/// One part of every device, as `[{"device": d, KEY: ...}]`.
+async fn per_device<T: Serialize>(
+    app: &AppState,
+    id: &str,
+    key: &str,
+    part: impl Fn(&DeviceAnalysis) -> &T,
+) -> Result<Json<Vec<serde_json::Map<String, Value>>>, ApiError> {
+    let a = stored(app, id).await?;
+    let one = |d: &DeviceAnalysis| -> Result<_, ApiError> {
+        let mut m = serde_json::Map::new();
+        m.insert("device".into(), json!(d.device));
+        m.insert(key.into(), serde_json::to_value(part(d)).map_err(|e| ApiError::Internal(e.to_string()))?);
+        Ok(m)
+    };
+    Ok(Json(a.devices.iter().map(one).collect::<Result<_, _>>()?))
 }
 
-pub async fn diagnosis(State(app): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    per_device(&app, &id, "diagnosis").await
+pub async fn diagnosis(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<serde_json::Map<String, Value>>>, ApiError> {
+    per_device(&app, &id, "diagnosis", |d| &d.diagnosis).await
 }
 
-pub async fn ooms(State(app): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    per_device(&app, &id, "ooms").await
+pub async fn ooms(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<serde_json::Map<String, Value>>>, ApiError> {
+    per_device(&app, &id, "ooms", |d| &d.ooms).await
 }
 
 pub async fn settings(State(app): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    let (_, v) = analysis_value(&app, &id).await?;
-    Ok(Json(json!({"allocator_settings": v["allocator_settings"], "annotations": v["annotations"]})))
+    let a = stored(&app, &id).await?;
+    Ok(Json(json!({"allocator_settings": a.allocator_settings, "annotations": a.annotations})))
 }
 
 #[derive(Deserialize)]
@@ -98,7 +109,11 @@ pub async fn timeline(
     Query(q): Query<TimelineQuery>,
 ) -> Result<Response, ApiError> {
     let row = app.ready(&id).await?;
-    let t = app.store.results.timeline(&id, device).map_err(|_| ApiError::NotFound("device"))?;
+    let t = match app.service.store.results.timeline(&id, device) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(ApiError::NotFound("device")),
+        Err(e) => return Err(crate::store::StoreError::from(e).into()),
+    };
     let (start, end) = (q.start.unwrap_or(0), q.end.unwrap_or(t.len()).min(t.len()));
     if start > end {
         return Err(ApiError::BadRequest(format!("start {start} is after end {end}")));
@@ -109,7 +124,7 @@ pub async fn timeline(
             .get(header::ACCEPT)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|a| a.starts_with("application/octet-stream"));
-    let d = tokio::task::spawn_blocking(move || t.downsample(start..end, points))
+    let d = tokio::task::spawn_blocking(move || t.columns().downsample(start..end, points))
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     let tag = format!("t{device}-{start}-{end}-{points}-{}", if binary { "b" } else { "j" });
@@ -149,8 +164,7 @@ fn parse_event(q: &EventQuery) -> Result<Option<u64>, ApiError> {
 /// The parsed snapshot; a parse (after a restart, or once evicted) waits for room in the
 /// analyses' memory budget and holds it while it runs.
 async fn entry(app: &AppState, row: &SnapshotRow) -> Result<Arc<Entry>, ApiError> {
-    let reserve = |bytes| app.worker.reserve_memory(bytes);
-    app.loaded.load(&app.store, &row.id, &row.sha256, reserve).await.map_err(ApiError::Internal)
+    Ok(app.service.entry(row).await?)
 }
 
 /// Runs `f` on one device of the parsed snapshot (parsed again if it is not held), off the
@@ -195,7 +209,7 @@ pub async fn state(
     let row = app.ready(&id).await?;
     let event = parse_event(&q)?;
     let tag = format!("m{device}-{}", event.map(|e| e.to_string()).unwrap_or_else(|| "final".into()));
-    if let Ok(stored) = app.store.results.read(&id, &map_name(device, event)) {
+    if let Ok(stored) = app.service.store.results.map(&id, device, event) {
         return Ok(immutable(&headers, &row, &tag, "application/json", stored));
     }
     let body = on_device(&app, &row, device, move |entry, i, d| {
@@ -213,15 +227,10 @@ pub async fn pinners(
     Query(q): Query<EventQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let Some(event) = parse_event(&q)? else {
-        let (_, v) = analysis_value(&app, &id).await?;
-        let d = v["devices"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|d| d["device"] == device)
-            .ok_or(ApiError::NotFound("device"))?;
+        let a = stored(&app, &id).await?;
+        let d = a.devices.iter().find(|d| d.device == device).ok_or(ApiError::NotFound("device"))?;
         return Ok(Json(
-            json!({"device": device, "event": null, "pinned": d["pinned"], "pinners": d["pinners"], "gaps": d["gaps"]}),
+            json!({"device": device, "event": null, "pinned": d.pinned, "pinners": d.pinners, "gaps": d.gaps}),
         ));
     };
     let row = app.ready(&id).await?;
@@ -323,7 +332,7 @@ pub async fn simulate(
     let settings =
         crate::simulate::Settings { conf: q.conf, capacity, mempool: nonempty(q.mempool), reuse: nonempty(q.reuse) };
     // A simulation is as heavy as an analysis: it takes an analysis slot.
-    let _slot = app.worker.slots.acquire().await.map_err(|e| ApiError::Internal(e.to_string()))?;
+    let _slot = app.service.worker.slots.acquire().await.map_err(|e| ApiError::Internal(e.to_string()))?;
     on_device(&app, &row, device, move |entry, _, d| {
         crate::simulate::simulate(&entry.snapshot, d, &settings).map(Json).map_err(ApiError::BadRequest)
     })

@@ -11,10 +11,10 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
+use super::loaded::{Entry, Loaded};
 use crate::analysis::{self, Depth, map};
 use crate::ingest;
-use crate::loaded::{Entry, Loaded};
-use crate::store::{Status, Store, map_name};
+use crate::store::{Status, Store, Written};
 
 #[derive(Clone)]
 pub struct Worker {
@@ -25,15 +25,6 @@ pub struct Worker {
     /// The memory budget for analyses, in MiB permits.
     memory: Arc<tokio::sync::Semaphore>,
     memory_mib: u32,
-}
-
-/// What an analysis of an upload of `bytes` needs at its peak, in bytes: measured on real
-/// snapshots, about 1.6x an uncompressed pickle (model, series, checkpoints); a compressed one
-/// unpacks to about 20x its size.
-pub fn memory_estimate(bytes: u64, head: &[u8]) -> u64 {
-    let compressed = matches!(head, [0x1f, 0x8b, ..] | [0x28, 0xb5, 0x2f, 0xfd, ..]);
-    let unpacked = if compressed { bytes.saturating_mul(20) } else { bytes };
-    unpacked.saturating_mul(8) / 5 + (16 << 20)
 }
 
 impl Worker {
@@ -85,7 +76,7 @@ impl Worker {
         if let Ok(mut f) = store.blobs.open(&row.sha256) {
             let _ = std::io::Read::read(&mut f, &mut head);
         }
-        let _memory = self.reserve_memory(memory_estimate(row.bytes, &head)).await;
+        let _memory = self.reserve_memory(ingest::memory_estimate(row.bytes, &head)).await;
         if let Err(e) = store.meta.set_status(id, Status::Analyzing, None, None).await {
             tracing::error!(id, error = %e, "cannot mark analyzing");
             return;
@@ -131,25 +122,23 @@ async fn analyze(
         let ingested = ingest::ingest(file, &options).map_err(|e| e.to_string())?;
         let snap = ingested.snapshot;
         let analyzed = analysis::analyze(&snap, ingested.source, Depth::Serve);
-        let mut files =
-            vec![("analysis.json".to_string(), serde_json::to_vec(&analyzed.analysis).map_err(|e| e.to_string())?)];
         // The maps a page opens first: the end of each device, and each OOM.
+        let mut maps = Vec::new();
+        let json = |m: &map::SegmentMap| serde_json::to_vec(m).map_err(|e| e.to_string());
         for (i, d) in snap.devices.iter().enumerate() {
             let end = map::segment_map(&snap, d.device, None, &crate::replay::final_state(d));
-            files.push((map_name(d.device, None), serde_json::to_vec(&end).map_err(|e| e.to_string())?));
+            maps.push((d.device, None, json(&end)?));
             for oom in &analyzed.analysis.devices[i].ooms {
                 let state = analyzed.replays[i].state_at(&snap, Some(oom.event_index as usize));
                 let m = map::segment_map(&snap, d.device, Some(oom.event_index), &state);
-                files.push((
-                    map_name(d.device, Some(oom.event_index)),
-                    serde_json::to_vec(&m).map_err(|e| e.to_string())?,
-                ));
+                maps.push((d.device, Some(oom.event_index), json(&m)?));
             }
         }
-        let verdict = analyzed.analysis.devices.first().map(|d| d.diagnosis.verdict).unwrap_or("no_oom").to_string();
-        let timelines: Vec<(i64, &crate::analysis::timeline::Timeline)> =
-            snap.devices.iter().map(|d| d.device).zip(&analyzed.timelines).collect();
-        store.results.write(&id, &files, &timelines).map_err(|e| format!("cannot write the results: {e}"))?;
+        let verdict = analyzed.analysis.devices.first().map(|d| d.diagnosis.verdict.as_str()).unwrap_or("no_oom");
+        let timelines = snap.devices.iter().map(|d| d.device).zip(&analyzed.timelines).collect();
+        let written = Written { analysis: &analyzed.analysis, maps, timelines };
+        store.results.write(&id, &written).map_err(|e| format!("cannot write the results: {e}"))?;
+        let verdict = verdict.to_string();
         Ok::<_, String>((verdict, Entry { snapshot: snap, replays: analyzed.replays }))
     })
     .await

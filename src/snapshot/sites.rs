@@ -5,11 +5,11 @@
 //! outside the torch package and outside C/C++ sources; if every frame is torch's, the
 //! innermost one.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::snapshot::{Frame, StackId, Stacks};
+use super::{Frame, StackId, Stacks};
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct CallSite {
     pub filename: String,
     pub line: i64,

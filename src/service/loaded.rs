@@ -1,7 +1,7 @@
 //! Snapshots held parsed in memory, for what needs the trace itself: the segment map at any
 //! event, the events in a range, frames. The few most recently used are kept; others are
 //! parsed again from their blob on demand, one at a time, and only once the caller's memory
-//! budget (the analyses' own, see [`crate::worker::Worker::reserve_memory`]) has room for the
+//! budget (the analyses' own, see [`super::worker::Worker::reserve_memory`]) has room for the
 //! parse: after a restart, opening many big snapshots at once must not pass it.
 
 use std::collections::VecDeque;
@@ -80,7 +80,13 @@ impl Loaded {
 
     /// The parsed snapshot, parsing its blob if it is not held. `reserve` is asked for the bytes
     /// the parse needs at its peak and held until it is done (None: go ahead unreserved).
-    pub async fn load<R, P>(&self, store: &Store, id: &str, sha256: &str, reserve: R) -> Result<Arc<Entry>, String>
+    pub async fn load<R, P>(
+        &self,
+        store: &Store,
+        id: &str,
+        sha256: &str,
+        reserve: R,
+    ) -> Result<Arc<Entry>, super::ServiceError>
     where
         R: FnOnce(u64) -> P,
         P: std::future::Future<Output = Option<tokio::sync::OwnedSemaphorePermit>>,
@@ -92,20 +98,20 @@ impl Loaded {
         if let Some(e) = self.get(id) {
             return Ok(e);
         }
-        let gone = |e: std::io::Error| format!("the upload is gone: {e}");
+        let gone = |e: std::io::Error| super::ServiceError::Store(e.into());
         let mut file = store.blobs.open(sha256).map_err(gone)?;
         let mut head = [0u8; 4];
         let bytes = file.metadata().map_err(gone)?.len();
         let _ = std::io::Read::read(&mut file, &mut head);
         std::io::Seek::rewind(&mut file).map_err(gone)?;
-        let _memory = reserve(crate::worker::memory_estimate(bytes, &head)).await;
+        let _memory = reserve(crate::ingest::memory_estimate(bytes, &head)).await;
         let entry = tokio::task::spawn_blocking(move || {
-            let ingested = ingest::ingest(file, &ingest::Options::default()).map_err(|e| e.to_string())?;
+            let ingested = ingest::ingest(file, &ingest::Options::default())?;
             let analyzed = analysis::analyze(&ingested.snapshot, ingested.source, Depth::Index);
-            Ok::<_, String>(Entry { snapshot: ingested.snapshot, replays: analyzed.replays })
+            Ok::<_, super::ServiceError>(Entry { snapshot: ingested.snapshot, replays: analyzed.replays })
         })
         .await
-        .map_err(|e| e.to_string())??;
+        .map_err(|e| super::ServiceError::Internal(e.to_string()))??;
         let entry = Arc::new(entry);
         self.put(id, entry.clone());
         Ok(entry)
@@ -141,7 +147,7 @@ mod tests {
         tokio::pin!(load);
         let waited = tokio::time::timeout(std::time::Duration::from_millis(300), &mut load).await;
         assert!(waited.is_err(), "parsed while the whole budget was held");
-        assert_eq!(*asked.lock().unwrap(), Some(crate::worker::memory_estimate(bytes.len() as u64, &bytes[..4])));
+        assert_eq!(*asked.lock().unwrap(), Some(crate::ingest::memory_estimate(bytes.len() as u64, &bytes[..4])));
         drop(held);
         let entry = tokio::time::timeout(std::time::Duration::from_secs(30), load).await.unwrap().unwrap();
         assert!(!entry.snapshot.devices.is_empty());

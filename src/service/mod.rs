@@ -1,0 +1,138 @@
+//! The service: what the server does, without HTTP. It owns the analysis queue ([`worker`]),
+//! the cache of parsed snapshots ([`loaded`]) and the admission of uploads (dedupe, sniff,
+//! check within the memory budget, store, enqueue). Handlers parse a request, call one
+//! function here, and shape the answer; tests call these functions directly.
+//!
+//! It is also the seam for other storage back ends: everything below goes through [`Store`].
+
+pub mod loaded;
+pub mod worker;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::analysis::Analysis;
+use crate::ingest::{self, IngestError};
+use crate::store::{SnapshotRow, Store, StoreError};
+use loaded::{Entry, Loaded};
+use worker::Worker;
+
+/// Uploads up to this size are read through before the answer, so a file that is no snapshot
+/// gets its 4xx at once; larger ones are checked by their first bytes, then analysed in the
+/// background.
+pub const CHECK_BEFORE_ANSWER: u64 = 32 << 20;
+
+/// Why the service could not do what was asked. The web layer maps these to HTTP once.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The upload is not a snapshot we can read (the reader's or the model's message).
+    #[error(transparent)]
+    Ingest(#[from] IngestError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A background task died, or the runtime is shutting down.
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// An upload received whole into a temp file of the store.
+pub struct Upload {
+    pub temp: PathBuf,
+    pub sha256: String,
+    pub bytes: u64,
+    /// The file's first bytes, for sniffing.
+    pub head: Vec<u8>,
+    pub name: String,
+    pub note: String,
+}
+
+/// The answer to an upload: its snapshot, and whether the same bytes were there before.
+pub struct Admitted {
+    pub row: SnapshotRow,
+    pub duplicate: bool,
+}
+
+#[derive(Clone)]
+pub struct Service {
+    pub store: Arc<Store>,
+    pub worker: Worker,
+    pub loaded: Arc<Loaded>,
+}
+
+impl Service {
+    /// Starts the queue over `store`: three quarters of `memory` for analyses at work, a quarter
+    /// for parsed snapshots kept for queries. Analyses a stop interrupted are queued again.
+    pub async fn start(store: Arc<Store>, workers: usize, loaded: usize, memory: u64) -> Result<Service, StoreError> {
+        let cache = Arc::new(Loaded::new(loaded, memory / 4));
+        let worker = Worker::start(store.clone(), cache.clone(), workers, memory / 4 * 3);
+        for id in store.meta.unfinished().await? {
+            tracing::info!(id, "analysis interrupted by a stop: running it again");
+            worker.enqueue(&id);
+        }
+        Ok(Service { store, worker, loaded: cache })
+    }
+
+    /// Takes an upload: the existing snapshot if the same bytes were uploaded before; else
+    /// sniffs it, reads small ones through (within the analysis budget) so bad input fails now,
+    /// stores it and queues its analysis. The temp file is consumed either way.
+    pub async fn admit(&self, up: Upload) -> Result<Admitted, ServiceError> {
+        let result = self.admit_inner(&up).await;
+        if result.is_err() {
+            self.store.discard_temp(&up.temp);
+        }
+        let (row, new) = match result? {
+            Some(row) => (row, false),
+            None => {
+                let name = if up.name.is_empty() { "snapshot".to_string() } else { up.name };
+                self.store.add_upload(up.temp, up.sha256, up.bytes, name, up.note).await?
+            }
+        };
+        if new {
+            self.worker.enqueue(&row.id);
+        }
+        Ok(Admitted { row, duplicate: !new })
+    }
+
+    /// Checks an upload; `Some` when these bytes are already stored.
+    async fn admit_inner(&self, up: &Upload) -> Result<Option<SnapshotRow>, ServiceError> {
+        if let Some(existing) = self.store.meta.by_sha256(&up.sha256).await? {
+            self.store.discard_temp(&up.temp);
+            return Ok(Some(existing));
+        }
+        ingest::check_head(&up.head)?;
+        if up.bytes <= CHECK_BEFORE_ANSWER {
+            let _slot = self.worker.slots.acquire().await.map_err(|e| ServiceError::Internal(e.to_string()))?;
+            let _memory = self.worker.reserve_memory(ingest::memory_estimate(up.bytes, &up.head)).await;
+            let temp = up.temp.clone();
+            tokio::task::spawn_blocking(move || ingest::ingest_path(&temp, &ingest::Options::default()).map(|_| ()))
+                .await
+                .map_err(|e| ServiceError::Internal(e.to_string()))??;
+        }
+        Ok(None)
+    }
+
+    /// The stored analysis of a snapshot.
+    pub async fn analysis(&self, id: &str) -> Result<Analysis, ServiceError> {
+        let store = self.store.clone();
+        let id = id.to_string();
+        tokio::task::spawn_blocking(move || store.results.analysis(&id))
+            .await
+            .map_err(|e| ServiceError::Internal(e.to_string()))?
+            .map_err(Into::into)
+    }
+
+    /// The parsed snapshot of a ready row, from the cache or parsed again within the budget.
+    pub async fn entry(&self, row: &SnapshotRow) -> Result<Arc<Entry>, ServiceError> {
+        let w = self.worker.clone();
+        self.loaded
+            .load(&self.store, &row.id, &row.sha256, move |bytes| async move { w.reserve_memory(bytes).await })
+            .await
+    }
+
+    /// Deletes a snapshot and drops it from the cache; false when there was none.
+    pub async fn delete(&self, id: &str) -> Result<bool, ServiceError> {
+        let gone = self.store.delete(id).await?;
+        self.loaded.remove(id);
+        Ok(gone)
+    }
+}
