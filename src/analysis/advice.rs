@@ -55,6 +55,13 @@ pub enum RemedyKind {
     Mempool,
     MaxSplitSize,
     ReuseBuffer,
+    FixLeak,
+    ActivationCheckpointing,
+    SmallerBatch,
+    ShardOptimizerState,
+    LighterOptimizer,
+    GradsSetToNone,
+    ChunkedLoss,
 }
 
 impl RemedyKind {
@@ -65,6 +72,13 @@ impl RemedyKind {
             RemedyKind::Mempool => "A MemPool around the big allocations",
             RemedyKind::MaxSplitSize => "max_split_size_mb",
             RemedyKind::ReuseBuffer => "Reuse one buffer",
+            RemedyKind::FixLeak => "Stop the leak",
+            RemedyKind::ActivationCheckpointing => "Activation checkpointing",
+            RemedyKind::SmallerBatch => "A smaller micro-batch",
+            RemedyKind::ShardOptimizerState => "Shard the optimizer state",
+            RemedyKind::LighterOptimizer => "A lighter optimizer",
+            RemedyKind::GradsSetToNone => "Free gradients before the forward",
+            RemedyKind::ChunkedLoss => "A chunked loss",
         }
     }
 }
@@ -81,6 +95,46 @@ pub struct Remedy {
     /// The call site a code remedy acts on, as `--mempool`/`--reuse` take it.
     #[serde(skip)]
     pub site: Option<String>,
+    /// What it would do to this run, in bytes, where that is known.
+    #[serde(flatten)]
+    pub fit: Fit,
+}
+
+/// What a remedy would do: the page's badge follows `effect`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    /// The run would fit (no OOM within the budget, or a lower peak where there was no OOM).
+    Fixes,
+    /// It saves memory, but the run would still not fit.
+    Helps,
+    /// It does not apply here, or would cost more than it saves.
+    DoesNotApply,
+}
+
+impl Effect {
+    /// The badge's words.
+    pub fn label(self) -> &'static str {
+        match self {
+            Effect::Fixes => "fixes it",
+            Effect::Helps => "helps, not enough",
+            Effect::DoesNotApply => "does not apply",
+        }
+    }
+}
+
+/// A remedy's numbers: what it saves and the peak it predicts against the budget.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Fit {
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub effect: Option<Effect>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub saves_bytes: Option<u64>,
+    /// Predicted peak of allocated bytes (capacity remedies) or reserved bytes (simulated ones).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub predicted_peak_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub budget_bytes: Option<u64>,
 }
 
 /// Everything the diagnosis weighs.
@@ -192,7 +246,15 @@ fn expandable(f: &Facts, fragmented: bool) -> Remedy {
             ),
         )
     };
-    Remedy { kind: RemedyKind::ExpandableSegments, applies, setting_or_code: setting, why, predicted: None, site: None }
+    Remedy {
+        kind: RemedyKind::ExpandableSegments,
+        applies,
+        setting_or_code: setting,
+        why,
+        predicted: None,
+        site: None,
+        fit: Fit::default(),
+    }
 }
 
 /// Bytes of a free range that do not fill whole expandable pages (2 MiB small, 20 MiB large).
@@ -213,6 +275,7 @@ fn mempool(f: &Facts, fragmented: bool, pinner: Option<&CallSite>) -> Remedy {
             why: "The trace does not say where the big blocks were allocated (no frames recorded).".to_string(),
             predicted: None,
             site: None,
+            fit: Fit::default(),
         };
     };
     let code = format!(
@@ -245,6 +308,7 @@ fn mempool(f: &Facts, fragmented: bool, pinner: Option<&CallSite>) -> Remedy {
         why,
         predicted: None,
         site: Some(crate::simulate::site_arg(&site)),
+        fit: Fit::default(),
     }
 }
 
@@ -274,7 +338,15 @@ fn max_split(f: &Facts, fragmented: bool, small_size: u64) -> Remedy {
             ),
         )
     };
-    Remedy { kind: RemedyKind::MaxSplitSize, applies, setting_or_code: setting, why, predicted: None, site: None }
+    Remedy {
+        kind: RemedyKind::MaxSplitSize,
+        applies,
+        setting_or_code: setting,
+        why,
+        predicted: None,
+        site: None,
+        fit: Fit::default(),
+    }
 }
 
 fn reuse(f: &Facts, fragmented: bool) -> Remedy {
@@ -286,6 +358,7 @@ fn reuse(f: &Facts, fragmented: bool) -> Remedy {
             why: "No big allocation to reuse.".into(),
             predicted: None,
             site: None,
+            fit: Fit::default(),
         };
     };
     let place = site.as_ref().map(|s| format!("{s}")).unwrap_or_else(|| "the big allocation".into());
@@ -321,6 +394,7 @@ fn reuse(f: &Facts, fragmented: bool) -> Remedy {
         why,
         predicted: None,
         site: site.as_ref().map(crate::simulate::site_arg),
+        fit: Fit::default(),
     }
 }
 

@@ -18,10 +18,15 @@
 mod actions;
 pub mod active;
 pub mod advice;
+pub mod breakdown;
+pub mod capacity;
+pub mod categories;
 mod counters;
 pub mod gaps;
 pub mod map;
+pub mod memory;
 pub mod oom;
+pub mod phases;
 pub mod rhythm;
 pub mod timeline;
 
@@ -35,7 +40,7 @@ use serde::{Deserialize, Serialize};
 use crate::replay::{self, Observer, Replay, State};
 use crate::snapshot::sites::{self, call_site};
 use crate::snapshot::{Action, Device, Event, Snapshot, Source, StackId};
-use advice::{Diagnosis, RemedyKind};
+use advice::{Diagnosis, Effect, RemedyKind};
 use gaps::{Gap, PinnedSummary, Pinner};
 use oom::{Oom, OomObserver};
 use rhythm::Rhythm;
@@ -69,6 +74,9 @@ pub struct DeviceAnalysis {
     pub gaps: Vec<Gap>,
     pub rhythm: Rhythm,
     pub diagnosis: Diagnosis,
+    /// What fills memory: `breakdown`, `steps`, `growth` (absent from analyses stored before).
+    #[serde(flatten, default)]
+    pub memory: memory::Memory,
     pub replay: ReplayReport,
 }
 
@@ -87,6 +95,8 @@ pub struct Analyzed {
     pub analysis: Analysis,
     pub replays: Vec<Replay>,
     pub timelines: Vec<Timeline>,
+    /// Per device: phases and a category for every allocation, for breakdowns at any event.
+    pub indexes: Vec<memory::Index>,
 }
 
 /// What to build beyond the JSON document.
@@ -102,12 +112,13 @@ pub enum Depth {
 
 pub fn analyze(snapshot: &Snapshot, source: Source, depth: Depth) -> Analyzed {
     let mut devices = Vec::new();
-    let (mut replays, mut timelines) = (Vec::new(), Vec::new());
+    let (mut replays, mut timelines, mut indexes) = (Vec::new(), Vec::new(), Vec::new());
     for d in &snapshot.devices {
-        let (analysis, replay, timeline) = analyze_device(snapshot, d, depth);
+        let (analysis, replay, timeline, index) = analyze_device(snapshot, d, depth);
         devices.push(analysis);
         replays.push(replay);
         timelines.push(timeline);
+        indexes.push(index);
     }
     let analysis = Analysis {
         source,
@@ -116,7 +127,7 @@ pub fn analyze(snapshot: &Snapshot, source: Source, depth: Depth) -> Analyzed {
         warnings: snapshot.warnings.clone(),
         devices,
     };
-    Analyzed { analysis, replays, timelines }
+    Analyzed { analysis, replays, timelines, indexes }
 }
 
 /// The observers of one forward pass.
@@ -124,10 +135,13 @@ struct Pass<'a> {
     timeline: Timeline,
     series: bool,
     ooms: OomObserver<'a>,
+    phases: phases::Phases,
+    steps: breakdown::StepPeaks,
 }
 
 impl Observer for Pass<'_> {
     fn event(&mut self, index: usize, e: &Event, state: &State) {
+        self.steps.event(index, &self.phases, state.totals.allocated_bytes);
         if self.series {
             self.timeline.event(index, e, state);
         } else {
@@ -137,7 +151,7 @@ impl Observer for Pass<'_> {
     }
 }
 
-fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnalysis, Replay, Timeline) {
+fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnalysis, Replay, Timeline, memory::Index) {
     let events = snapshot.device_events(d);
     let rules = replay::Rules::from_settings(snapshot.allocator_settings.as_ref());
     let serve = depth == Depth::Serve;
@@ -145,6 +159,8 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
         timeline: Timeline::new(if serve { events.len() } else { 0 }),
         series: serve,
         ooms: OomObserver { snapshot, ooms: Vec::new(), first_state: None },
+        phases: memory::phases(snapshot, d),
+        steps: breakdown::StepPeaks::default(),
     };
     let replay = Replay::run_with(snapshot, d, &mut pass, depth != Depth::Report);
     let initial = replay.state_at(snapshot, None).totals;
@@ -181,6 +197,11 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
         big_repeats,
     });
     predict(snapshot, d, &pass.ooms.ooms, peak.reserved_bytes, &mut diagnosis);
+    let oom_events: Vec<u64> = pass.ooms.ooms.iter().map(|o| o.event_index).collect();
+    let steps = std::mem::take(&mut pass.steps.steps);
+    let index = memory::Index::build(snapshot, d, std::mem::take(&mut pass.phases), &replay);
+    let memory = memory::memory(snapshot, d, &replay, &index, &peak, &oom_events, steps);
+    explain_capacity(snapshot, events, &pass.ooms.ooms, &index, &memory, &mut diagnosis);
     let analysis = DeviceAnalysis {
         device: d.device,
         final_state,
@@ -192,6 +213,7 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
         gaps: pinned.gaps.iter().take(20).cloned().collect(),
         rhythm,
         diagnosis,
+        memory,
         replay: ReplayReport {
             matches_final: replay.final_mismatches.is_empty(),
             mismatches: replay.final_mismatches.clone(),
@@ -199,7 +221,51 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
             first_warnings: replay.warnings.first.clone(),
         },
     };
-    (analysis, replay, pass.timeline)
+    (analysis, replay, pass.timeline, index)
+}
+
+/// For a capacity OOM: what filled memory, in the summary, and the remedies that would make
+/// the run fit, with their numbers.
+fn explain_capacity(
+    snapshot: &Snapshot,
+    events: &[Event],
+    ooms: &[Oom],
+    index: &memory::Index,
+    memory: &memory::Memory,
+    diagnosis: &mut Diagnosis,
+) {
+    let Some(oom) = ooms.first().filter(|o| o.verdict == oom::Verdict::Capacity) else { return };
+    let moment = breakdown::Moment::Oom;
+    let Some(at) = memory.breakdown.iter().find(|b| b.moment == moment && b.event_index == Some(oom.event_index))
+    else {
+        return;
+    };
+    let mut top: Vec<_> = at.categories.iter().filter(|(_, b)| **b > 0).collect();
+    top.sort_by(|a, b| b.1.cmp(a.1));
+    let parts: Vec<String> = top
+        .iter()
+        .take(3)
+        .map(|(c, b)| format!("{} {}", crate::units::bytes(**b), c.as_str().replace('_', " ")))
+        .collect();
+    diagnosis.summary.push_str(&format!(
+        " At the OOM ({} phase) the {} allocated was mostly {}.",
+        serde_json::to_value(at.phase).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
+        crate::units::bytes(at.allocated_bytes),
+        parts.join(", ")
+    ));
+    let facts = capacity::Facts {
+        oom,
+        at_oom: at,
+        growth: &memory.growth,
+        request_phase: index.phase_at(Some(oom.event_index)),
+        request_is_loss: capacity::loss_sized(snapshot, events, &index.phases, oom.requested_bytes),
+    };
+    let (remedies, note) = capacity::remedies(&facts);
+    diagnosis.remedies.extend(remedies);
+    if let Some(note) = note {
+        diagnosis.summary.push(' ');
+        diagnosis.summary.push_str(&note);
+    }
 }
 
 /// How many times `site` allocated `size` bytes (rounded) in the trace.
@@ -220,7 +286,11 @@ fn repeats(snapshot: &Snapshot, events: &[Event], rules: &replay::Rules, site: &
 /// with the real one.
 fn predict(snapshot: &Snapshot, d: &Device, ooms: &[Oom], real_peak: u64, diagnosis: &mut Diagnosis) {
     let budget = ooms.first().map(|o| o.reserved_bytes);
-    for r in diagnosis.remedies.iter_mut().filter(|r| r.applies) {
+    for r in diagnosis.remedies.iter_mut() {
+        if !r.applies {
+            r.fit.effect.get_or_insert(Effect::DoesNotApply);
+            continue;
+        }
         let settings = match r.kind {
             RemedyKind::ExpandableSegments | RemedyKind::MaxSplitSize => {
                 let conf = r.setting_or_code.trim_start_matches("PYTORCH_CUDA_ALLOC_CONF=").to_string();
@@ -232,9 +302,19 @@ fn predict(snapshot: &Snapshot, d: &Device, ooms: &[Oom], real_peak: u64, diagno
             RemedyKind::ReuseBuffer => {
                 crate::simulate::Settings { capacity: budget, reuse: r.site.clone(), ..Default::default() }
             }
+            // Capacity remedies carry their own numbers (see `capacity`).
+            _ => continue,
         };
         let Ok(o) = crate::simulate::simulate(snapshot, d, &settings) else { continue };
         let peak = crate::units::bytes(o.peak_reserved_bytes);
+        r.fit.predicted_peak_bytes = Some(o.peak_reserved_bytes);
+        r.fit.budget_bytes = budget;
+        r.fit.effect = Some(match (budget, &o.oom) {
+            (Some(_), None) => Effect::Fixes,
+            (Some(_), Some(_)) => Effect::Helps,
+            (None, _) if o.peak_reserved_bytes > real_peak => Effect::DoesNotApply,
+            (None, _) => Effect::Fixes,
+        });
         r.predicted = Some(match (budget, o.oom) {
             (Some(b), None) => format!("no OOM within the same {}, peak {peak}", crate::units::bytes(b)),
             (Some(_), Some(x)) => format!("still out of memory, at event {}", x.event_index),

@@ -3,6 +3,7 @@
 //! Exit codes: 0 success, 2 the input was refused (bad file, not a snapshot, no such event),
 //! 1 anything else.
 
+mod report;
 mod segmap;
 
 use std::io::Write;
@@ -222,6 +223,7 @@ fn analyze(file: &std::path::Path, json: bool) -> Result<(), IngestError> {
     // time (a tenth of a second on a 243 MiB snapshot), so leave it to the OS.
     std::mem::forget(ingested.snapshot);
     std::mem::forget(analyzed.replays);
+    std::mem::forget(analyzed.indexes);
     let mut out = std::io::stdout().lock();
     let written = if json {
         serde_json::to_writer_pretty(&mut out, analysis).map_err(std::io::Error::from).and_then(|()| writeln!(out))
@@ -275,6 +277,7 @@ fn write_text(out: &mut impl Write, file: &std::path::Path, a: &Analysis) -> std
         };
         let actions: Vec<String> = t.actions.iter().map(|(k, v)| format!("{k} {v}")).collect();
         writeln!(out, "  trace: {} events{span} ({})", t.events, actions.join(", "))?;
+        report::write_diagnosis(out, d)?;
     }
     Ok(())
 }

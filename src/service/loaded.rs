@@ -17,13 +17,15 @@ pub struct Entry {
     pub snapshot: Snapshot,
     /// One per device, in the order of `snapshot.devices`.
     pub replays: Vec<Replay>,
+    /// Per device: phases and a category for every allocation (breakdowns at any event).
+    pub indexes: Vec<crate::analysis::memory::Index>,
 }
 
 impl Entry {
     /// About what it holds in memory: the events, and the replays' checkpoints.
     pub fn bytes(&self) -> u64 {
         let events = self.snapshot.events.len() as u64;
-        events * 32
+        events * 33
             + self
                 .replays
                 .iter()
@@ -108,7 +110,11 @@ impl Loaded {
         let entry = tokio::task::spawn_blocking(move || {
             let ingested = ingest::ingest(file, &ingest::Options::default())?;
             let analyzed = analysis::analyze(&ingested.snapshot, ingested.source, Depth::Index);
-            Ok::<_, super::ServiceError>(Entry { snapshot: ingested.snapshot, replays: analyzed.replays })
+            Ok::<_, super::ServiceError>(Entry {
+                snapshot: ingested.snapshot,
+                replays: analyzed.replays,
+                indexes: analyzed.indexes,
+            })
         })
         .await
         .map_err(|e| super::ServiceError::Internal(e.to_string()))??;

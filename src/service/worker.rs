@@ -139,7 +139,7 @@ async fn analyze(
         let written = Written { analysis: &analyzed.analysis, maps, timelines };
         store.results.write(&id, &written).map_err(|e| format!("cannot write the results: {e}"))?;
         let verdict = verdict.to_string();
-        Ok::<_, String>((verdict, Entry { snapshot: snap, replays: analyzed.replays }))
+        Ok::<_, String>((verdict, Entry { snapshot: snap, replays: analyzed.replays, indexes: analyzed.indexes }))
     })
     .await
     .map_err(|e| format!("the analysis crashed: {e}"))?

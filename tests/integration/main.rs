@@ -1,6 +1,7 @@
 //! One integration-test binary (faster to link than one per file). Each module is one family.
 
 mod browser;
+mod categories;
 mod diagnosis;
 mod external;
 mod hardening;

@@ -25,6 +25,7 @@ pub const PATHS: &[&str] = &[
     "/api/v1/snapshots/{id}/devices/{device}/events",
     "/api/v1/snapshots/{id}/devices/{device}/pinners",
     "/api/v1/snapshots/{id}/devices/{device}/active",
+    "/api/v1/snapshots/{id}/devices/{device}/breakdown",
     "/api/v1/snapshots/{id}/devices/{device}/simulate",
     "/api/v1/openapi.json",
 ];
@@ -47,6 +48,7 @@ pub fn routes() -> Router<AppState> {
         .route(&format!("{device}/events"), get(views::events))
         .route(&format!("{device}/pinners"), get(views::pinners))
         .route(&format!("{device}/active"), get(views::active))
+        .route(&format!("{device}/breakdown"), get(views::breakdown))
         .route(&format!("{device}/simulate"), get(views::simulate))
         .route("/api/v1/openapi.json", get(openapi))
 }

@@ -220,6 +220,34 @@ pub async fn state(
     Ok(immutable(&headers, &row, &tag, "application/json", body))
 }
 
+/// What fills memory right after an event (default: the end): bytes by category and the top
+/// call sites, as the analysis's `breakdown` entries.
+pub async fn breakdown(
+    State(app): State<AppState>,
+    Path((id, device)): Path<(String, i64)>,
+    Query(q): Query<EventQuery>,
+) -> Result<Json<crate::analysis::breakdown::Breakdown>, ApiError> {
+    let row = app.ready(&id).await?;
+    let event = parse_event(&q)?;
+    on_device(&app, &row, device, move |entry, i, d| {
+        let n = entry.snapshot.device_events(d).len() as u64;
+        let (state, at) = match event {
+            Some(_) => (state_after(entry, i, d, event)?, event),
+            // The end as replayed: its blocks know the event that made them.
+            None => {
+                (entry.replays[i].state_at(&entry.snapshot, n.checked_sub(1).map(|e| e as usize)), n.checked_sub(1))
+            }
+        };
+        let moment = if event.is_some() {
+            crate::analysis::breakdown::Moment::Event
+        } else {
+            crate::analysis::breakdown::Moment::Final
+        };
+        Ok(Json(entry.indexes[i].breakdown(&entry.snapshot, &state, moment, at)))
+    })
+    .await
+}
+
 /// Who pins free memory: at the end from the stored analysis, at an event by replaying.
 pub async fn pinners(
     State(app): State<AppState>,

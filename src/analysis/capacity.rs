@@ -1,0 +1,179 @@
+//! Remedies for a capacity OOM, with numbers: what would make the run fit, computed from what
+//! filled memory at the OOM ([`super::breakdown`]) and any growth.
+//!
+//! The need is what was allocated at the OOM plus the failing request; the budget is the memory
+//! reserved then (the limit the job had is at least that). A remedy saves bytes of the
+//! categories it acts on; its predicted peak is the need less those savings, and it fixes the
+//! run when that fits the budget. The factors are stated in each `why`:
+//! - `fix_leak`: all bytes the growing call sites keep.
+//! - `activation_checkpointing`: half the activations (each checkpointed segment keeps its
+//!   input and recomputes the rest; per-layer checkpointing of a transformer saves more).
+//! - `smaller_batch`: half the activations, temporaries and inputs, and half the request when
+//!   it was made in the forward or backward (they scale with the micro-batch).
+//! - `shard_optimizer_state`: 7/8 of the optimizer state (ZeRO-1 / FSDP over 8 ranks).
+//! - `lighter_optimizer`: 3/4 of the optimizer state (8-bit states instead of 32-bit).
+//! - `grads_set_to_none`: the gradients alive during a forward.
+//! - `chunked_loss`: 7/8 of the failing request when that request is the loss's (its stack runs through `cross_entropy`, `nll_loss` or `log_softmax`, or it is made
+//!   in user code after the model's forward): computing the loss in 8 chunks of the logits.
+
+use super::advice::{Effect, Fit, Remedy, RemedyKind};
+use super::breakdown::{Breakdown, Growth};
+use super::categories::Category;
+use super::oom::Oom;
+use super::phases::Phase;
+use crate::units::bytes;
+
+/// What the capacity remedies weigh.
+pub struct Facts<'a> {
+    pub oom: &'a Oom,
+    /// What filled memory at the OOM.
+    pub at_oom: &'a Breakdown,
+    pub growth: &'a [Growth],
+    /// The phase the failing request was made in.
+    pub request_phase: Phase,
+    /// The failing request is the size of the loss's logits (see [`loss_sized`]).
+    pub request_is_loss: bool,
+}
+
+/// True when some allocation of the failing request's size (within 1%) is the loss's: its
+/// stack runs through `cross_entropy`, `nll_loss` or `log_softmax`, or it was made in user code
+/// during a forward (the logits upcast inline, `model(x).float()`).
+pub fn loss_sized(
+    snapshot: &crate::snapshot::Snapshot,
+    events: &[crate::snapshot::Event],
+    phases: &super::phases::Phases,
+    request: u64,
+) -> bool {
+    use super::phases::{Tag, tag};
+    let near = |size: u64| size.abs_diff(request) * 100 <= request;
+    events.iter().enumerate().filter(|(_, e)| e.action == crate::snapshot::Action::ALLOC && near(e.size)).any(
+        |(i, e)| {
+            let loss = snapshot
+                .stacks
+                .frames(e.stack)
+                .any(|f| matches!(snapshot.stacks.str(f.name), "cross_entropy" | "nll_loss" | "log_softmax"));
+            loss || (phases.phase[i] == Phase::Forward && tag(snapshot, e.stack) == Tag::User)
+        },
+    )
+}
+
+/// The remedies, most saving first, each with its numbers, and a sentence when none alone
+/// would make the run fit.
+pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
+    let cat = |c: Category| f.at_oom.categories.get(&c).copied().unwrap_or(0);
+    let need = f.oom.allocated_bytes + f.oom.requested_bytes;
+    let budget = f.oom.reserved_bytes;
+    let (act, tmp, input) = (cat(Category::Activation), cat(Category::Temporary), cat(Category::Input));
+    let (state, grads) = (cat(Category::OptimizerState), cat(Category::Gradient));
+    let mut out = Vec::new();
+    let mut add = |kind: RemedyKind, saves: u64, code: String, why: String| {
+        if saves == 0 {
+            return;
+        }
+        let peak = need.saturating_sub(saves);
+        let effect = if peak <= budget { Effect::Fixes } else { Effect::Helps };
+        out.push(Remedy {
+            kind,
+            applies: true,
+            setting_or_code: code,
+            why,
+            predicted: Some(format!("peak {} allocated against the {} budget", bytes(peak), bytes(budget))),
+            site: None,
+            fit: Fit {
+                effect: Some(effect),
+                saves_bytes: Some(saves),
+                predicted_peak_bytes: Some(peak),
+                budget_bytes: Some(budget),
+            },
+        });
+    };
+    for g in f.growth {
+        let site = g.call_site.as_ref().map(|s| s.to_string()).unwrap_or_else(|| "an unknown call site".into());
+        add(
+            RemedyKind::FixLeak,
+            g.live_bytes,
+            format!("# at {site}: keep what you need as a Python number or on the CPU (.item(), .cpu()), or drop it"),
+            format!(
+                "{site} keeps {} more every step ({} steps so far, {} blocks never freed): memory grows until it runs out.",
+                bytes(g.bytes_per_step),
+                g.steps,
+                g.blocks
+            ),
+        );
+    }
+    let sites: Vec<String> = f
+        .at_oom
+        .call_sites
+        .iter()
+        .filter(|s| s.category == Category::Activation)
+        .filter_map(|s| s.call_site.as_ref().map(|c| c.to_string()))
+        .take(3)
+        .collect();
+    add(
+        RemedyKind::ActivationCheckpointing,
+        act / 2,
+        "from torch.utils.checkpoint import checkpoint\ny = checkpoint(block, x, use_reentrant=False)  # around each layer"
+            .into(),
+        format!(
+            "{} of activations were alive at the OOM{}. Checkpointing keeps each segment's input and recomputes the rest in the backward; counted here as half of them.",
+            bytes(act),
+            if sites.is_empty() { String::new() } else { format!(", most made at {}", sites.join(", ")) }
+        ),
+    );
+    let batch_request =
+        if matches!(f.request_phase, Phase::Forward | Phase::Backward) { f.oom.requested_bytes } else { 0 };
+    add(
+        RemedyKind::SmallerBatch,
+        (act + tmp + input + batch_request) / 2,
+        "# half the micro-batch, the same effective batch:\nfor half in batch.chunk(2):\n    (loss_fn(model(half)) / 2).backward()\noptimizer.step()".into(),
+        format!(
+            "Activations, temporaries and inputs scale with the micro-batch ({} at the OOM): halving it with 2 steps of gradient accumulation saves about half.",
+            bytes(act + tmp + input)
+        ),
+    );
+    add(
+        RemedyKind::ShardOptimizerState,
+        state / 8 * 7,
+        "# FSDP (torch.distributed.fsdp.fully_shard) or\nfrom torch.distributed.optim import ZeroRedundancyOptimizer"
+            .into(),
+        format!("{} of optimizer state; sharded over 8 ranks each keeps an eighth.", bytes(state)),
+    );
+    add(
+        RemedyKind::LighterOptimizer,
+        state / 4 * 3,
+        "import bitsandbytes as bnb\noptimizer = bnb.optim.AdamW8bit(model.parameters())".into(),
+        format!(
+            "{} of optimizer state; 8-bit states take a quarter of 32-bit ones (factored states, as Adafactor's, less still).",
+            bytes(state)
+        ),
+    );
+    if f.at_oom.phase == Phase::Forward {
+        add(
+            RemedyKind::GradsSetToNone,
+            grads,
+            "optimizer.zero_grad(set_to_none=True)".into(),
+            format!(
+                "{} of gradients were alive during the forward: freed after each step, they are not there when activations peak.",
+                bytes(grads)
+            ),
+        );
+    }
+    if f.request_is_loss {
+        add(
+            RemedyKind::ChunkedLoss,
+            f.oom.requested_bytes / 8 * 7,
+            "# the loss over 8 chunks of the sequence, never the whole upcast logits at once:\nloss = sum(F.cross_entropy(head(h).float(), t, reduction=\"sum\") for h, t in zip(hidden.chunk(8, 1), targets.chunk(8, 1))) / targets.numel()".into(),
+            format!("The failing request ({}) is the loss's: the logits upcast whole. In 8 chunks only an eighth is alive at once.", bytes(f.oom.requested_bytes)),
+        );
+    }
+    out.sort_by(|a, b| b.fit.saves_bytes.cmp(&a.fit.saves_bytes));
+    let none = !out.iter().any(|r| r.fit.effect == Some(Effect::Fixes));
+    let note = none.then(|| {
+        format!(
+            "No single change here is enough: the run needs {} and had {}; combine the largest savings.",
+            bytes(need),
+            bytes(budget)
+        )
+    });
+    (out, note)
+}

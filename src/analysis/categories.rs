@@ -1,0 +1,232 @@
+//! What each allocation holds: parameters, gradients, optimizer state, activations,
+//! temporaries, inputs, other, or unknown. Each allocation of the trace gets one category
+//! from its stack, its phase ([`super::phases`]) and its lifetime (the whole trace is known,
+//! so "alive into the backward" is a fact, not a guess). The rules, first match wins:
+//!
+//! 1. No frames anywhere in the recording: `unknown` (nothing to tell phases apart).
+//! 2. Parameter: made by `nn.Module`'s `_apply` (`.cuda()`, `.to()`, `.half()`), a module's
+//!    `__init__` / `reset_parameters`, `torch/nn/parameter.py` or `torch/nn/init.py`.
+//! 3. Made in an optimizer phase: `temporary` if freed before that phase ends; else
+//!    `optimizer_state` if the phase ended within the trace (it outlived the step), or if the
+//!    trace ends inside it and the stack is the optimizer's `_init_group`; else `unknown`.
+//! 4. Made in a backward: `temporary` if freed before the backward ends; else `gradient` if its
+//!    size is a parameter's or it is freed in an optimizer phase (zero_grad); else, alive where
+//!    the trace stops inside that backward (an OOM in the backward), `activation`: the gradient
+//!    of an activation, batch-sized like the activation it mirrors and shrunk by the same
+//!    remedies; else `unknown`.
+//! 5. Made in a forward: `temporary` if freed before the next backward starts; `activation` if
+//!    alive into that backward and freed before the next forward (or alive at the end of a
+//!    trace that stops before the step's optimizer phase); `other` if it outlives the step (kept across
+//!    steps: a cached tensor, the loss, a leak). Alive at the end of a trace that stops inside
+//!    the forward: `activation` when the trace shows training (it has a backward phase), else
+//!    `unknown`; on a trace with no backward at all (inference), `other`.
+//! 6. Made outside those phases by user code: `input` if alive into the next forward (a batch
+//!    made or moved to the GPU before the model runs); `temporary` if freed before it; else
+//!    `other`.
+//! 7. Blocks alive before the trace began: rule 2 or the optimizer's frames (state that outlived
+//!    the trace's start), else `unknown`.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::phases::{Phase, Phases};
+use crate::replay::{BlockRec, NIL};
+use crate::snapshot::{Action, Event, Snapshot, StackId};
+
+/// What an allocated block holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    Parameter,
+    Gradient,
+    OptimizerState,
+    Activation,
+    Temporary,
+    Input,
+    Other,
+    Unknown,
+}
+
+impl Category {
+    pub const ALL: [Category; 8] = [
+        Category::Parameter,
+        Category::Gradient,
+        Category::OptimizerState,
+        Category::Activation,
+        Category::Temporary,
+        Category::Input,
+        Category::Other,
+        Category::Unknown,
+    ];
+
+    /// The name in the JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Category::Parameter => "parameter",
+            Category::Gradient => "gradient",
+            Category::OptimizerState => "optimizer_state",
+            Category::Activation => "activation",
+            Category::Temporary => "temporary",
+            Category::Input => "input",
+            Category::Other => "other",
+            Category::Unknown => "unknown",
+        }
+    }
+}
+
+/// The category of every allocation of one device.
+#[derive(Debug, Clone, Default)]
+pub struct Labels {
+    /// By device event index: the category of the allocation made there (alloc events only).
+    by_event: Vec<Category>,
+    /// Blocks alive before the trace began, by stack.
+    before: HashMap<StackId, Category>,
+}
+
+impl Labels {
+    /// The category of a live block of a replayed state.
+    pub fn of(&self, block: &BlockRec) -> Category {
+        if block.event != NIL {
+            return self.by_event.get(block.event as usize).copied().unwrap_or(Category::Unknown);
+        }
+        self.before.get(&block.stack).copied().unwrap_or(Category::Unknown)
+    }
+
+    /// The category of the allocation made at device event `i`.
+    pub fn at(&self, i: usize) -> Category {
+        self.by_event.get(i).copied().unwrap_or(Category::Unknown)
+    }
+}
+
+/// True for stacks that make parameters (moving or creating a module's tensors).
+pub fn makes_parameters(snapshot: &Snapshot, stack: StackId) -> bool {
+    snapshot.stacks.frames(stack).any(|f| {
+        let file = snapshot.stacks.str(f.filename).replace('\\', "/");
+        let name = snapshot.stacks.str(f.name);
+        (file.ends_with("nn/modules/module.py")
+            && matches!(name, "_apply" | "cuda" | "to" | "to_empty" | "half" | "float" | "bfloat16" | "type"))
+            || (file.contains("torch/nn/") && matches!(name, "__init__" | "reset_parameters"))
+            || file.ends_with("nn/parameter.py")
+            || file.ends_with("nn/init.py")
+    })
+}
+
+fn in_optimizer(snapshot: &Snapshot, stack: StackId) -> bool {
+    snapshot.stacks.frames(stack).any(|f| snapshot.stacks.str(f.filename).replace('\\', "/").contains("torch/optim/"))
+}
+
+fn inits_optimizer_state(snapshot: &Snapshot, stack: StackId) -> bool {
+    snapshot.stacks.frames(stack).any(|f| snapshot.stacks.str(f.name) == "_init_group")
+}
+
+/// For each alloc event, the event that freed it (`free_requested`, else `free_completed`).
+pub fn frees(events: &[Event]) -> Vec<Option<u32>> {
+    let mut open: HashMap<u64, usize> = HashMap::new();
+    let mut out = vec![None; events.len()];
+    for (i, e) in events.iter().enumerate() {
+        match e.action {
+            Action::ALLOC => {
+                open.insert(e.addr, i);
+            }
+            Action::FREE_REQUESTED | Action::FREE_COMPLETED => {
+                if let Some(a) = open.remove(&e.addr) {
+                    out[a] = Some(i as u32);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Labels every allocation of a device. `before` are the blocks alive when the trace began.
+pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[BlockRec]) -> Labels {
+    let mut labels = Labels { by_event: vec![Category::Unknown; events.len()], before: HashMap::new() };
+    let mut params: HashMap<StackId, bool> = HashMap::new();
+    let mut is_param = |stack: StackId| *params.entry(stack).or_insert_with(|| makes_parameters(snapshot, stack));
+    for b in before {
+        let c = if is_param(b.stack) {
+            Category::Parameter
+        } else if in_optimizer(snapshot, b.stack) {
+            Category::OptimizerState
+        } else {
+            Category::Unknown
+        };
+        labels.before.insert(b.stack, c);
+    }
+    if !phases.has_frames {
+        return labels;
+    }
+    let freed = frees(events);
+    let mut param_sizes: HashSet<u64> = before.iter().filter(|b| is_param(b.stack)).map(|b| b.requested).collect();
+    for (i, e) in events.iter().enumerate() {
+        if e.action == Action::ALLOC && is_param(e.stack) {
+            labels.by_event[i] = Category::Parameter;
+            param_sizes.insert(e.size);
+        }
+    }
+    let last = events.len().saturating_sub(1);
+    for (i, e) in events.iter().enumerate() {
+        if e.action != Action::ALLOC || labels.by_event[i] == Category::Parameter {
+            continue;
+        }
+        let free = freed[i].map(|f| f as usize);
+        let run = phases.run_of(i);
+        let (phase, _, run_end) = phases.runs[run];
+        let freed_by = |end: usize| free.is_some_and(|f| f <= end);
+        labels.by_event[i] = match phase {
+            Phase::Optimizer if freed_by(run_end) => Category::Temporary,
+            Phase::Optimizer if run_end < last || inits_optimizer_state(snapshot, e.stack) => Category::OptimizerState,
+            Phase::Optimizer => Category::Unknown,
+            Phase::Backward if freed_by(run_end) => Category::Temporary,
+            Phase::Backward => {
+                let freed_in_optimizer = free.is_some_and(|f| phases.phase[f] == Phase::Optimizer);
+                if param_sizes.contains(&e.size) || freed_in_optimizer {
+                    Category::Gradient
+                } else if free.is_none() && run + 1 == phases.runs.len() {
+                    Category::Activation
+                } else {
+                    Category::Unknown
+                }
+            }
+            Phase::Forward => forward(phases, run, free),
+            Phase::Other => {
+                let user = super::phases::tag(snapshot, e.stack) == super::phases::Tag::User;
+                match phases.next_run(run, Phase::Forward).map(|r| phases.runs[r].1) {
+                    _ if freed_by(run_end) => Category::Temporary,
+                    Some(fwd) if user && free.is_none_or(|f| f >= fwd) => Category::Input,
+                    Some(fwd) if free.is_some_and(|f| f < fwd) => Category::Temporary,
+                    _ => Category::Other,
+                }
+            }
+        };
+    }
+    labels
+}
+
+/// Rule 5: an allocation made in the forward run `run`, freed at `free`.
+fn forward(phases: &Phases, run: usize, free: Option<usize>) -> Category {
+    let Some(bwd) = phases.next_run(run, Phase::Backward) else {
+        // No backward follows: the trace stops inside this forward, or this is inference.
+        return match free {
+            Some(_) => Category::Temporary,
+            None if phases.next_run(run, Phase::Forward).is_some() => Category::Other,
+            None if phases.training => Category::Activation,
+            None => Category::Unknown,
+        };
+    };
+    let bwd_start = phases.runs[bwd].1;
+    if free.is_some_and(|f| f < bwd_start) {
+        return Category::Temporary;
+    }
+    match (phases.next_run(bwd, Phase::Forward).map(|r| phases.runs[r].1), free) {
+        (Some(next), Some(f)) if f < next => Category::Activation,
+        (Some(_), _) => Category::Other,
+        // The last step: alive through a whole optimizer phase after its backward is kept
+        // across steps; otherwise the trace stops inside the backward, where it is still used.
+        (None, Some(_)) => Category::Activation,
+        (None, None) if phases.next_run(bwd, Phase::Optimizer).is_some() => Category::Other,
+        (None, None) => Category::Activation,
+    }
+}

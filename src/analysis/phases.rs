@@ -1,0 +1,214 @@
+//! Phases and steps: where in a training step each event of a trace happened.
+//!
+//! Each event's stack is tagged by its frames (innermost first, as torch records them):
+//! - optimizer: a frame under `torch/optim/`, or an event inside an `Optimizer.step#` or
+//!   `Optimizer.zero_grad#` annotation (torch >= 2.5 records those while history is on);
+//! - backward: a frame named `backward`, `_backward_impl` or `_engine_run_backward` (the
+//!   autograd entry points, compiled backward included), a frame under `torch/autograd/` other
+//!   than `function.py` (which also runs compiled forwards), a C++ frame of the autograd
+//!   engine (`stacks="all"`), or no frame at all in a recording that has frames elsewhere: the
+//!   autograd engine's threads run no Python, so with `stacks="python"` its allocations come
+//!   without frames;
+//! - forward: a frame named `forward`, or `nn.Module`'s `_call_impl`;
+//! - user: frames, none of the above (data loading, the loss written inline, logging).
+//!
+//! The phase follows the tags: an optimizer tag starts (or continues) the optimizer phase, a
+//! backward tag the backward, a forward tag the forward; a user tag after the optimizer or the
+//! backward starts an `other` phase, and inside a forward stays in it (the loss is computed in
+//! user code between the model's call and `backward()`). A step ends where its optimizer phase
+//! ends; without any optimizer phase, `user_metadata` tags that change (`step=3`) mark steps.
+//! Events without a stack (frees, mostly) keep the phase they fall in.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::snapshot::{EMPTY_STACK, Event, Snapshot, StackId};
+
+/// Where in a training step something happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Forward,
+    Backward,
+    Optimizer,
+    Other,
+}
+
+/// What a stack says about its phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tag {
+    Optimizer,
+    Backward,
+    Forward,
+    User,
+    /// No frames.
+    None,
+}
+
+/// The phase and step of every event of one device, and the phases as runs.
+#[derive(Debug, Clone, Default)]
+pub struct Phases {
+    pub phase: Vec<Phase>,
+    pub step: Vec<u32>,
+    /// Maximal runs of one phase: (phase, first event, last event).
+    pub runs: Vec<(Phase, usize, usize)>,
+    /// Steps found (from optimizer phases or `user_metadata`); 0 when none.
+    pub steps: u32,
+    /// Some stack in the trace has frames: without any, phases cannot be told.
+    pub has_frames: bool,
+    /// The trace has a backward phase: it records training.
+    pub training: bool,
+}
+
+impl Phases {
+    /// The run that holds event `i`.
+    pub fn run_of(&self, i: usize) -> usize {
+        self.runs.partition_point(|r| r.2 < i)
+    }
+
+    /// The first run after `run` of phase `p`.
+    pub fn next_run(&self, run: usize, p: Phase) -> Option<usize> {
+        (run + 1..self.runs.len()).find(|&r| self.runs[r].0 == p)
+    }
+}
+
+/// What `stack`'s frames say about its phase.
+pub fn tag(snapshot: &Snapshot, stack: StackId) -> Tag {
+    if stack == EMPTY_STACK {
+        return Tag::None;
+    }
+    let (mut forward, mut backward, mut any) = (false, false, false);
+    for f in snapshot.stacks.frames(stack) {
+        any = true;
+        let file = snapshot.stacks.str(f.filename);
+        let name = snapshot.stacks.str(f.name);
+        let file = file.replace('\\', "/");
+        if file.contains("torch/optim/") {
+            return Tag::Optimizer;
+        }
+        backward |= matches!(name, "backward" | "_backward_impl" | "_engine_run_backward")
+            || (file.contains("torch/autograd/") && !file.ends_with("function.py"))
+            || name.contains("autograd::Engine")
+            || name.contains("autograd::engine");
+        forward |= name == "forward" || (name == "_call_impl" && file.ends_with("nn/modules/module.py"));
+    }
+    if backward {
+        Tag::Backward
+    } else if forward {
+        Tag::Forward
+    } else if any {
+        Tag::User
+    } else {
+        Tag::None
+    }
+}
+
+/// Time ranges of the optimizer's annotations on `device`, sorted.
+fn optimizer_ranges(snapshot: &Snapshot, device: i64) -> Vec<(i64, i64)> {
+    let mut open: HashMap<&str, i64> = HashMap::new();
+    let mut out = Vec::new();
+    for a in snapshot.annotations.iter().filter(|a| a.device == device) {
+        if !(a.name.starts_with("Optimizer.step#") || a.name.starts_with("Optimizer.zero_grad#")) {
+            continue;
+        }
+        match a.stage.as_str() {
+            "START" => {
+                open.insert(&a.name, a.time_us);
+            }
+            "END" => {
+                if let Some(start) = open.remove(a.name.as_str()) {
+                    out.push((start, a.time_us));
+                }
+            }
+            _ => {}
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// The phases of a device's events (`first` is the index of `events[0]` in the snapshot).
+pub fn phases(snapshot: &Snapshot, device: i64, events: &[Event], first: usize) -> Phases {
+    let mut tags: HashMap<StackId, Tag> = HashMap::new();
+    let ranges = optimizer_ranges(snapshot, device);
+    let has_frames = events.iter().any(|e| e.stack != EMPTY_STACK);
+    let mut out = Phases { has_frames, ..Phases::default() };
+    out.phase.reserve(events.len());
+    out.step.reserve(events.len());
+    let (mut phase, mut step, mut range) = (Phase::Other, 0u32, 0usize);
+    let mut saw_optimizer = false;
+    for e in events {
+        let mut t = if e.stack == EMPTY_STACK {
+            Tag::None
+        } else {
+            *tags.entry(e.stack).or_insert_with(|| tag(snapshot, e.stack))
+        };
+        if let Some(time) = e.time() {
+            while range < ranges.len() && ranges[range].1 < time {
+                range += 1;
+            }
+            if ranges.get(range).is_some_and(|r| r.0 <= time) {
+                t = Tag::Optimizer;
+            }
+        }
+        let is_alloc = e.action == crate::snapshot::Action::ALLOC;
+        let next = match t {
+            Tag::Optimizer => Phase::Optimizer,
+            Tag::Backward => Phase::Backward,
+            Tag::Forward => Phase::Forward,
+            Tag::User => match phase {
+                Phase::Forward => Phase::Forward,
+                _ => Phase::Other,
+            },
+            // Only an allocation without frames says "autograd engine"; a free without frames
+            // says nothing.
+            Tag::None if has_frames && is_alloc && phase != Phase::Optimizer => Phase::Backward,
+            Tag::None => phase,
+        };
+        if phase == Phase::Optimizer && next != Phase::Optimizer {
+            step += 1;
+        }
+        saw_optimizer |= next == Phase::Optimizer;
+        out.training |= next == Phase::Backward && has_frames;
+        phase = next;
+        out.phase.push(phase);
+        out.step.push(step);
+    }
+    out.steps = if saw_optimizer { step + u32::from(phase == Phase::Optimizer) } else { 0 };
+    if !saw_optimizer {
+        metadata_steps(snapshot, events, first, &mut out);
+    }
+    let mut runs: Vec<(Phase, usize, usize)> = Vec::new();
+    for (i, p) in out.phase.iter().enumerate() {
+        match runs.last_mut() {
+            Some(r) if r.0 == *p => r.2 = i,
+            _ => runs.push((*p, i, i)),
+        }
+    }
+    out.runs = runs;
+    out
+}
+
+/// Steps from `user_metadata` tags that change (`step=3`, `{"step": 3}`): each distinct tag
+/// value starts a step; events before the first tag are in no step.
+fn metadata_steps(snapshot: &Snapshot, events: &[Event], first: usize, out: &mut Phases) {
+    let tagged: Vec<(usize, &str)> = (0..events.len())
+        .filter_map(|i| snapshot.extra(first + i).1.filter(|m| m.contains("step")).map(|m| (i, m)))
+        .collect();
+    if tagged.len() < 2 {
+        return;
+    }
+    let (mut step, mut last, mut k) = (0u32, tagged[0].1, 0usize);
+    for (i, s) in out.step.iter_mut().enumerate() {
+        while k < tagged.len() && tagged[k].0 <= i {
+            if tagged[k].1 != last {
+                step += 1;
+                last = tagged[k].1;
+            }
+            k += 1;
+        }
+        *s = step;
+    }
+    out.steps = step + 1;
+}
