@@ -166,11 +166,17 @@ fn median(mut v: Vec<u64>) -> u64 {
 /// least half of the steps: memory that grows every step and is never given back. Its bytes
 /// per step are the median of what each of those steps left.
 /// Parameters, gradients and optimizer state are made once and are left out.
-pub fn growth(snapshot: &Snapshot, events: &[Event], phases: &Phases, labels: &Labels, rules: &Rules) -> Vec<Growth> {
+pub fn growth(
+    snapshot: &Snapshot,
+    events: &[Event],
+    phases: &Phases,
+    labels: &Labels,
+    freed: &[Option<u32>],
+    rules: &Rules,
+) -> Vec<Growth> {
     if phases.steps < 3 {
         return Vec::new();
     }
-    let freed = super::categories::frees(events);
     let mut sites = SiteCache::default();
     // (call site, category) -> (bytes by step seen, bytes, blocks, first event)
     let mut groups: HashMap<(Option<CallSite>, Category), (Vec<(u32, u64)>, u64, u64, u64)> = HashMap::new();

@@ -141,7 +141,13 @@ pub fn frees(events: &[Event]) -> Vec<Option<u32>> {
 }
 
 /// Labels every allocation of a device. `before` are the blocks alive when the trace began.
-pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[BlockRec]) -> Labels {
+pub fn label(
+    snapshot: &Snapshot,
+    events: &[Event],
+    phases: &Phases,
+    before: &[BlockRec],
+    freed: &[Option<u32>],
+) -> Labels {
     let mut labels = Labels { by_event: vec![Category::Unknown; events.len()], before: HashMap::new() };
     let mut params: HashMap<StackId, bool> = HashMap::new();
     let mut is_param = |stack: StackId| *params.entry(stack).or_insert_with(|| makes_parameters(snapshot, stack));
@@ -158,7 +164,6 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
     if !phases.has_frames {
         return labels;
     }
-    let freed = frees(events);
     let mut param_sizes: HashSet<u64> = before.iter().filter(|b| is_param(b.stack)).map(|b| b.requested).collect();
     for (i, e) in events.iter().enumerate() {
         if e.action == Action::ALLOC && is_param(e.stack) {

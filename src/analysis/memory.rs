@@ -27,6 +27,8 @@ pub struct Memory {
 pub struct Index {
     pub phases: Phases,
     pub labels: Labels,
+    /// For each alloc event, the event that freed it ([`categories::frees`]).
+    pub freed: Vec<Option<u32>>,
 }
 
 impl Index {
@@ -41,8 +43,9 @@ impl Index {
             .map(|b| initial.block(b).clone())
             .filter(|b| b.state != BlockState::Inactive)
             .collect();
-        let labels = categories::label(snapshot, events, &phases, &before);
-        Index { phases, labels }
+        let freed = categories::frees(events);
+        let labels = categories::label(snapshot, events, &phases, &before, &freed);
+        Index { phases, labels, freed }
     }
 
     pub fn phase_at(&self, event: Option<u64>) -> Phase {
@@ -92,6 +95,6 @@ pub fn memory(
     let end = if replay.final_mismatches.is_empty() { replay.end.clone() } else { crate::replay::final_state(d) };
     breakdown.push(index.breakdown(snapshot, &end, Moment::Final, last));
     breakdown.sort_by_key(|b| (b.moment != Moment::Peak, b.moment == Moment::Final, b.event_index));
-    let growth = breakdown::growth(snapshot, events, &index.phases, &index.labels, &rules);
+    let growth = breakdown::growth(snapshot, events, &index.phases, &index.labels, &index.freed, &rules);
     Memory { breakdown, steps, growth }
 }
