@@ -26,7 +26,7 @@
 //! 7. Blocks alive before the trace began: rule 2 or the optimizer's frames (state that outlived
 //!    the trace's start), else `unknown`.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -122,16 +122,16 @@ fn inits_optimizer_state(snapshot: &Snapshot, stack: StackId) -> bool {
 
 /// For each alloc event, the event that freed it (`free_requested`, else `free_completed`).
 pub fn frees(events: &[Event]) -> Vec<Option<u32>> {
-    let mut open: HashMap<u64, usize> = HashMap::new();
+    let mut open: HashMap<u64, u32> = HashMap::new();
     let mut out = vec![None; events.len()];
     for (i, e) in events.iter().enumerate() {
         match e.action {
             Action::ALLOC => {
-                open.insert(e.addr, i);
+                open.insert(e.addr, i as u32);
             }
             Action::FREE_REQUESTED | Action::FREE_COMPLETED => {
                 if let Some(a) = open.remove(&e.addr) {
-                    out[a] = Some(i as u32);
+                    out[a as usize] = Some(i as u32);
                 }
             }
             _ => {}
@@ -197,7 +197,7 @@ pub fn label(
             }
             Phase::Forward => forward(phases, run, free),
             Phase::Other => {
-                let user = super::phases::tag(snapshot, e.stack) == super::phases::Tag::User;
+                let user = phases.tag_of(e.stack) == super::phases::Tag::User;
                 match phases.next_run(run, Phase::Forward).map(|r| phases.runs[r].1) {
                     _ if freed_by(run_end) => Category::Temporary,
                     Some(fwd) if user && free.is_none_or(|f| f >= fwd) => Category::Input,

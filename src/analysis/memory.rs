@@ -1,6 +1,6 @@
 //! What fills memory, for one device: the phases of the trace, a category for every
 //! allocation, the breakdown at the peak, at each OOM and at the end, the steps and any
-//! growth. [`Memory::index`] is what a server keeps to answer a breakdown at any event.
+//! growth. [`Index`] is what a server keeps to answer a breakdown at any event.
 
 use serde::{Deserialize, Serialize};
 
@@ -8,8 +8,10 @@ use super::breakdown::{self, Breakdown, Growth, Moment, Step};
 use super::categories::{self, Labels};
 use super::phases::{self, Phase, Phases};
 use super::timeline::Peak;
-use crate::replay::{Replay, Rules, State};
-use crate::snapshot::{BlockState, Device, Snapshot};
+use std::rc::Rc;
+
+use crate::replay::{CHECKPOINT_EVERY, Replay, Rules, State};
+use crate::snapshot::{Action, BlockState, Device, Event, Snapshot};
 
 /// OOMs that get a breakdown of their own; the rest are counted in `ooms`.
 pub const OOM_BREAKDOWNS: usize = 3;
@@ -33,10 +35,9 @@ pub struct Index {
 
 impl Index {
     /// Phases first (they need only the events); labels once the replay knows the blocks alive
-    /// before the trace.
-    pub fn build(snapshot: &Snapshot, d: &Device, phases: Phases, replay: &Replay) -> Index {
+    /// before the trace (`initial`, the state before the first event).
+    pub fn build(snapshot: &Snapshot, d: &Device, phases: Phases, initial: &State) -> Index {
         let events = snapshot.device_events(d);
-        let initial = replay.state_at(snapshot, None);
         let before: Vec<_> = initial
             .segment_ids()
             .flat_map(|s| initial.block_ids(s).collect::<Vec<_>>())
@@ -58,6 +59,52 @@ impl Index {
     }
 }
 
+/// The states the breakdowns need, caught during the forward pass rather than replayed again:
+/// each of the first OOMs is copied where it happens; for the peak of allocated bytes (known
+/// only at the end) a copy of the state every [`CHECKPOINT_EVERY`] events is kept while it
+/// precedes the highest point so far, and the end replays at most that many events from it.
+pub struct Capture {
+    rolling: (Rc<State>, Option<usize>),
+    best: u64,
+    /// The copy that precedes the highest point so far, and the event it follows.
+    base: (Rc<State>, Option<usize>),
+    ooms: Vec<(usize, State)>,
+}
+
+impl Capture {
+    pub fn new(initial: &State) -> Capture {
+        let rolling = (Rc::new(initial.clone()), None);
+        Capture { best: initial.totals.allocated_bytes, base: rolling.clone(), rolling, ooms: Vec::new() }
+    }
+
+    pub fn event(&mut self, index: usize, e: &Event, state: &State) {
+        if e.action == Action::OOM && self.ooms.len() < OOM_BREAKDOWNS {
+            self.ooms.push((index, state.clone()));
+        }
+        if state.totals.allocated_bytes > self.best {
+            self.best = state.totals.allocated_bytes;
+            self.base = self.rolling.clone();
+        }
+        if (index + 1) % CHECKPOINT_EVERY == 0 {
+            self.rolling = (Rc::new(state.clone()), Some(index));
+        }
+    }
+
+    /// The state right after the peak `event` (None: the peak is the state before the trace).
+    fn at_peak(&self, snapshot: &Snapshot, replay: &Replay, event: Option<usize>) -> State {
+        match event {
+            Some(e) if self.base.1.is_none_or(|b| b <= e) => {
+                let mut state = (*self.base.0).clone();
+                replay.advance(snapshot, &mut state, self.base.1.map_or(0, |b| b + 1), e);
+                state
+            }
+            // Before the copy the pass kept (it cannot be: the peak is found the same way), or
+            // the state before the trace: from the replay itself.
+            _ => replay.state_at(snapshot, event),
+        }
+    }
+}
+
 /// The phases of a device's trace, before its replay.
 pub fn phases(snapshot: &Snapshot, d: &Device) -> Phases {
     phases::phases(snapshot, d.device, snapshot.device_events(d), d.events.start)
@@ -70,30 +117,18 @@ pub fn memory(
     d: &Device,
     replay: &Replay,
     index: &Index,
+    capture: &Capture,
     peak: &Peak,
-    ooms: &[u64],
     steps: Vec<Step>,
 ) -> Memory {
     let events = snapshot.device_events(d);
     let rules = Rules::from_settings(snapshot.allocator_settings.as_ref());
-    let mut at: Vec<(Moment, usize)> = ooms.iter().take(OOM_BREAKDOWNS).map(|&e| (Moment::Oom, e as usize)).collect();
-    if let Some(e) = peak.allocated_event {
-        at.push((Moment::Peak, e as usize));
-    }
-    at.sort_by_key(|m| m.1);
-    let indices: Vec<usize> = at.iter().map(|m| m.1).collect();
-    let states = replay.states_at(snapshot, &indices);
     let mut breakdown: Vec<Breakdown> =
-        at.iter().zip(&states).map(|(m, s)| index.breakdown(snapshot, s, m.0, Some(m.1 as u64))).collect();
-    if peak.allocated_event.is_none() {
-        let initial = replay.state_at(snapshot, None);
-        breakdown.push(index.breakdown(snapshot, &initial, Moment::Peak, None));
-    }
-    // The end as replayed (its blocks know the event that made them); the snapshot's own
-    // segments where the replay does not reach them.
+        capture.ooms.iter().map(|(e, s)| index.breakdown(snapshot, s, Moment::Oom, Some(*e as u64))).collect();
+    let at_peak = capture.at_peak(snapshot, replay, peak.allocated_event.map(|e| e as usize));
+    breakdown.push(index.breakdown(snapshot, &at_peak, Moment::Peak, peak.allocated_event));
     let last = events.len().checked_sub(1).map(|e| e as u64);
-    let end = if replay.final_mismatches.is_empty() { replay.end.clone() } else { crate::replay::final_state(d) };
-    breakdown.push(index.breakdown(snapshot, &end, Moment::Final, last));
+    breakdown.push(index.breakdown(snapshot, &replay.end_state(d), Moment::Final, last));
     breakdown.sort_by_key(|b| (b.moment != Moment::Peak, b.moment == Moment::Final, b.event_index));
     let growth = breakdown::growth(snapshot, events, &index.phases, &index.labels, &index.freed, &rules);
     Memory { breakdown, steps, growth }

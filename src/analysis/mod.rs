@@ -137,11 +137,19 @@ struct Pass<'a> {
     ooms: OomObserver<'a>,
     phases: phases::Phases,
     steps: breakdown::StepPeaks,
+    capture: Option<memory::Capture>,
 }
 
 impl Observer for Pass<'_> {
+    fn start(&mut self, initial: &State) {
+        self.capture = Some(memory::Capture::new(initial));
+    }
+
     fn event(&mut self, index: usize, e: &Event, state: &State) {
         self.steps.event(index, &self.phases, state.totals.allocated_bytes);
+        if let Some(c) = &mut self.capture {
+            c.event(index, e, state);
+        }
         if self.series {
             self.timeline.event(index, e, state);
         } else {
@@ -161,15 +169,16 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
         ooms: OomObserver { snapshot, ooms: Vec::new(), first_state: None },
         phases: memory::phases(snapshot, d),
         steps: breakdown::StepPeaks::default(),
+        capture: None,
     };
     let replay = Replay::run_with(snapshot, d, &mut pass, depth != Depth::Report);
-    let initial = replay.state_at(snapshot, None).totals;
+    let initial = replay.state_at(snapshot, None);
     let mut peak = pass.timeline.peak;
-    if initial.reserved_bytes >= peak.reserved_bytes {
-        (peak.reserved_bytes, peak.reserved_event) = (initial.reserved_bytes, None);
+    if initial.totals.reserved_bytes >= peak.reserved_bytes {
+        (peak.reserved_bytes, peak.reserved_event) = (initial.totals.reserved_bytes, None);
     }
-    if initial.allocated_bytes >= peak.allocated_bytes {
-        (peak.allocated_bytes, peak.allocated_event) = (initial.allocated_bytes, None);
+    if initial.totals.allocated_bytes >= peak.allocated_bytes {
+        (peak.allocated_bytes, peak.allocated_event) = (initial.totals.allocated_bytes, None);
     }
     let end = replay::final_state(d);
     let pinned = gaps::pinned(&end, &snapshot.stacks);
@@ -197,10 +206,11 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
         big_repeats,
     });
     predict(snapshot, d, &pass.ooms.ooms, peak.reserved_bytes, &mut diagnosis);
-    let oom_events: Vec<u64> = pass.ooms.ooms.iter().map(|o| o.event_index).collect();
     let steps = std::mem::take(&mut pass.steps.steps);
-    let index = memory::Index::build(snapshot, d, std::mem::take(&mut pass.phases), &replay);
-    let memory = memory::memory(snapshot, d, &replay, &index, &peak, &oom_events, steps);
+    let index = memory::Index::build(snapshot, d, std::mem::take(&mut pass.phases), &initial);
+    let capture = pass.capture.take().unwrap_or_else(|| memory::Capture::new(&initial));
+    let memory = memory::memory(snapshot, d, &replay, &index, &capture, &peak, steps);
+    drop(capture);
     explain_capacity(snapshot, events, &pass.ooms.ooms, &index, &memory, &mut diagnosis);
     let analysis = DeviceAnalysis {
         device: d.device,

@@ -21,6 +21,8 @@
 
 use std::collections::HashMap;
 
+use foldhash::HashMap as FastMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::snapshot::{EMPTY_STACK, Event, Snapshot, StackId};
@@ -53,6 +55,12 @@ pub struct Phases {
     pub step: Vec<u32>,
     /// Maximal runs of one phase: (phase, first event, last event).
     pub runs: Vec<(Phase, usize, usize)>,
+    /// For each run, the next run of each phase (by `Phase as usize`; `NONE`: there is none),
+    /// so finding "the next backward" is one read, not a scan: a trace of many short runs
+    /// (inference, or a hostile file) must not make labelling quadratic.
+    next: Vec<[u32; 4]>,
+    /// What each stack's frames say ([`tag`]), computed once per stack.
+    tags: FastMap<StackId, Tag>,
     /// Steps found (from optimizer phases or `user_metadata`); 0 when none.
     pub steps: u32,
     /// Some stack in the trace has frames: without any, phases cannot be told.
@@ -69,9 +77,18 @@ impl Phases {
 
     /// The first run after `run` of phase `p`.
     pub fn next_run(&self, run: usize, p: Phase) -> Option<usize> {
-        (run + 1..self.runs.len()).find(|&r| self.runs[r].0 == p)
+        let r = self.next.get(run)?[p as usize];
+        (r != NONE).then_some(r as usize)
+    }
+
+    /// What `stack`'s frames say, as the phases were told ([`Tag::None`] for a stack no event
+    /// of the trace has).
+    pub fn tag_of(&self, stack: StackId) -> Tag {
+        self.tags.get(&stack).copied().unwrap_or(Tag::None)
     }
 }
+
+const NONE: u32 = u32::MAX;
 
 /// What `stack`'s frames say about its phase.
 pub fn tag(snapshot: &Snapshot, stack: StackId) -> Tag {
@@ -130,7 +147,7 @@ fn optimizer_ranges(snapshot: &Snapshot, device: i64) -> Vec<(i64, i64)> {
 
 /// The phases of a device's events (`first` is the index of `events[0]` in the snapshot).
 pub fn phases(snapshot: &Snapshot, device: i64, events: &[Event], first: usize) -> Phases {
-    let mut tags: HashMap<StackId, Tag> = HashMap::new();
+    let mut tags: FastMap<StackId, Tag> = FastMap::default();
     let ranges = optimizer_ranges(snapshot, device);
     let has_frames = events.iter().any(|e| e.stack != EMPTY_STACK);
     let mut out = Phases { has_frames, ..Phases::default() };
@@ -186,7 +203,14 @@ pub fn phases(snapshot: &Snapshot, device: i64, events: &[Event], first: usize) 
             _ => runs.push((*p, i, i)),
         }
     }
+    let mut next = vec![[NONE; 4]; runs.len()];
+    for r in (0..runs.len().saturating_sub(1)).rev() {
+        next[r] = next[r + 1];
+        next[r][runs[r + 1].0 as usize] = (r + 1) as u32;
+    }
     out.runs = runs;
+    out.next = next;
+    out.tags = tags;
     out
 }
 

@@ -141,33 +141,25 @@ impl Replay {
             0 => (self.initial.clone(), 0),
             k => (self.checkpoints[k - 1].clone(), k * CHECKPOINT_EVERY),
         };
-        let events = &snapshot.events[self.events.clone()];
-        for (i, e) in events.iter().enumerate().take(index + 1).skip(from) {
-            apply::apply(&mut state, e, i as u32, &self.rules, &self.hints);
-        }
+        self.advance(snapshot, &mut state, from, index);
         state
     }
 }
 
 impl Replay {
-    /// The states right after each of `indices` (sorted, ascending), from one pass: cheaper
-    /// than [`Replay::state_at`] for each when there are no checkpoints.
-    pub fn states_at(&self, snapshot: &Snapshot, indices: &[usize]) -> Vec<State> {
-        let Some(&first) = indices.first() else { return Vec::new() };
-        let mut out = Vec::with_capacity(indices.len());
-        let mut state = self.state_at(snapshot, Some(first));
-        out.push(state.clone());
+    /// The state at the end: as replayed, whose blocks know the event that made them, when the
+    /// replay reaches the final `segments`; else the snapshot's own segments.
+    pub fn end_state(&self, device: &Device) -> State {
+        if self.final_mismatches.is_empty() { self.end.clone() } else { final_state(device) }
+    }
+
+    /// Applies events `from..=to` of this device's trace to `state` (the state right after
+    /// event `from - 1`).
+    pub fn advance(&self, snapshot: &Snapshot, state: &mut State, from: usize, to: usize) {
         let events = &snapshot.events[self.events.clone()];
-        let mut at = first.min(self.event_count().saturating_sub(1));
-        for &index in &indices[1..] {
-            let index = index.min(self.event_count().saturating_sub(1)).max(at);
-            for (i, e) in events.iter().enumerate().take(index + 1).skip(at + 1) {
-                apply::apply(&mut state, e, i as u32, &self.rules, &self.hints);
-            }
-            at = index;
-            out.push(state.clone());
+        for (i, e) in events.iter().enumerate().take(to + 1).skip(from) {
+            apply::apply(state, e, i as u32, &self.rules, &self.hints);
         }
-        out
     }
 }
 
