@@ -100,6 +100,13 @@ pub struct Remedy {
     pub fit: Fit,
 }
 
+impl Remedy {
+    /// A remedy without a prediction or a call site yet.
+    pub fn new(kind: RemedyKind, applies: bool, setting_or_code: String, why: String) -> Remedy {
+        Remedy { kind, applies, setting_or_code, why, predicted: None, site: None, fit: Fit::default() }
+    }
+}
+
 /// What a remedy would do: the page's badge follows `effect`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -246,15 +253,7 @@ fn expandable(f: &Facts, fragmented: bool) -> Remedy {
             ),
         )
     };
-    Remedy {
-        kind: RemedyKind::ExpandableSegments,
-        applies,
-        setting_or_code: setting,
-        why,
-        predicted: None,
-        site: None,
-        fit: Fit::default(),
-    }
+    Remedy::new(RemedyKind::ExpandableSegments, applies, setting, why)
 }
 
 /// Bytes of a free range that do not fill whole expandable pages (2 MiB small, 20 MiB large).
@@ -268,15 +267,8 @@ fn stuck_in_pages(address: u64, size: u64) -> u64 {
 
 fn mempool(f: &Facts, fragmented: bool, pinner: Option<&CallSite>) -> Remedy {
     let Some((Some(site), size)) = f.big.clone() else {
-        return Remedy {
-            kind: RemedyKind::Mempool,
-            applies: false,
-            setting_or_code: String::new(),
-            why: "The trace does not say where the big blocks were allocated (no frames recorded).".to_string(),
-            predicted: None,
-            site: None,
-            fit: Fit::default(),
-        };
+        let why = "The trace does not say where the big blocks were allocated (no frames recorded).";
+        return Remedy::new(RemedyKind::Mempool, false, String::new(), why.to_string());
     };
     let code = format!(
         "pool = torch.cuda.MemPool()  # once\nwith torch.cuda.use_mem_pool(pool):\n    ...  # the allocation at {}:{}, in {}",
@@ -301,15 +293,7 @@ fn mempool(f: &Facts, fragmented: bool, pinner: Option<&CallSite>) -> Remedy {
             ),
         )
     };
-    Remedy {
-        kind: RemedyKind::Mempool,
-        applies,
-        setting_or_code: code,
-        why,
-        predicted: None,
-        site: Some(crate::simulate::site_arg(&site)),
-        fit: Fit::default(),
-    }
+    Remedy { site: Some(crate::simulate::site_arg(&site)), ..Remedy::new(RemedyKind::Mempool, applies, code, why) }
 }
 
 fn max_split(f: &Facts, fragmented: bool, small_size: u64) -> Remedy {
@@ -338,28 +322,12 @@ fn max_split(f: &Facts, fragmented: bool, small_size: u64) -> Remedy {
             ),
         )
     };
-    Remedy {
-        kind: RemedyKind::MaxSplitSize,
-        applies,
-        setting_or_code: setting,
-        why,
-        predicted: None,
-        site: None,
-        fit: Fit::default(),
-    }
+    Remedy::new(RemedyKind::MaxSplitSize, applies, setting, why)
 }
 
 fn reuse(f: &Facts, fragmented: bool) -> Remedy {
     let Some((site, size)) = f.big.clone() else {
-        return Remedy {
-            kind: RemedyKind::ReuseBuffer,
-            applies: false,
-            setting_or_code: String::new(),
-            why: "No big allocation to reuse.".into(),
-            predicted: None,
-            site: None,
-            fit: Fit::default(),
-        };
+        return Remedy::new(RemedyKind::ReuseBuffer, false, String::new(), "No big allocation to reuse.".into());
     };
     let place = site.as_ref().map(|s| format!("{s}")).unwrap_or_else(|| "the big allocation".into());
     let code = format!(
@@ -388,13 +356,8 @@ fn reuse(f: &Facts, fragmented: bool) -> Remedy {
         (false, format!("{place} did not allocate the same size repeatedly ({} times in the trace).", f.big_repeats))
     };
     Remedy {
-        kind: RemedyKind::ReuseBuffer,
-        applies,
-        setting_or_code: code,
-        why,
-        predicted: None,
         site: site.as_ref().map(crate::simulate::site_arg),
-        fit: Fit::default(),
+        ..Remedy::new(RemedyKind::ReuseBuffer, applies, code, why)
     }
 }
 

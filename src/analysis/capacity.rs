@@ -73,18 +73,14 @@ pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
         let peak = need.saturating_sub(saves);
         let effect = if peak <= budget { Effect::Fixes } else { Effect::Helps };
         out.push(Remedy {
-            kind,
-            applies: true,
-            setting_or_code: code,
-            why,
             predicted: Some(format!("peak {} allocated against the {} budget", bytes(peak), bytes(budget))),
-            site: None,
             fit: Fit {
                 effect: Some(effect),
                 saves_bytes: Some(saves),
                 predicted_peak_bytes: Some(peak),
                 budget_bytes: Some(budget),
             },
+            ..Remedy::new(kind, true, code, why)
         });
     };
     for g in f.growth {

@@ -12,7 +12,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::Path;
 use crate::analysis::DeviceAnalysis;
-use crate::analysis::advice::{DiagnosisVerdict, Effect, Remedy};
+use crate::analysis::advice::{DiagnosisVerdict, Effect};
 use crate::store::{SnapshotRow, Status};
 use crate::units::bytes;
 
@@ -68,9 +68,10 @@ struct DeviceCard {
 
 struct RemedyView {
     title: &'static str,
-    /// The badge follows the prediction: fixes it, helps (not enough), does not apply.
+    /// The badge follows the prediction: fixes it, helps (not enough), does not apply; a remedy
+    /// the model could not run says only that it applies.
     badge: &'static str,
-    /// `fixes`, `helps` or `no`: the card's style.
+    /// `fixes`, `helps`, `applies` or `no`: the card's style.
     effect_class: &'static str,
     code: String,
     why: String,
@@ -214,16 +215,6 @@ async fn fill(app: &AppState, row: &SnapshotRow, page: &mut Snapshot) -> Result<
     Ok(())
 }
 
-/// What a remedy does here: its prediction where it has one; an applicable remedy without one
-/// (not simulated) counts as fixing, as the page said before predictions existed.
-fn effect(r: &Remedy) -> Effect {
-    match r.fit.effect {
-        Some(e) => e,
-        None if r.applies => Effect::Fixes,
-        None => Effect::DoesNotApply,
-    }
-}
-
 fn device_card(d: &DeviceAnalysis) -> DeviceCard {
     let dg = &d.diagnosis;
     let oom = d.ooms.first();
@@ -248,11 +239,12 @@ fn device_card(d: &DeviceAnalysis) -> DeviceCard {
         .iter()
         .map(|r| RemedyView {
             title: r.kind.title(),
-            badge: effect(r).label(),
-            effect_class: match effect(r) {
-                Effect::Fixes => "fixes",
-                Effect::Helps => "helps",
-                Effect::DoesNotApply => "no",
+            badge: r.fit.effect.map(Effect::label).unwrap_or(if r.applies { "applies" } else { "does not apply" }),
+            effect_class: match (r.fit.effect, r.applies) {
+                (Some(Effect::Fixes), _) => "fixes",
+                (Some(Effect::Helps), _) => "helps",
+                (None, true) => "applies",
+                _ => "no",
             },
             code: r.setting_or_code.clone(),
             why: match &r.predicted {
