@@ -63,9 +63,11 @@ impl Store {
         Ok(Store { meta, blobs, results, tmp })
     }
 
-    /// A fresh path for an upload in progress.
-    pub fn temp_path(&self) -> PathBuf {
-        self.tmp.join(format!("{}.part", random_id()))
+    /// A new file for an upload in progress, and its path.
+    pub fn create_temp(&self) -> std::io::Result<(PathBuf, std::fs::File)> {
+        let path = self.tmp.join(format!("{}.part", random_id()));
+        let file = std::fs::File::create_new(&path)?;
+        Ok((path, file))
     }
 
     /// Removes an upload in progress that will not be kept.

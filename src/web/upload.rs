@@ -1,5 +1,6 @@
 //! Receiving an upload: streamed to a temp file while hashed and counted, never held whole in
-//! memory, and cut off with 413 the moment it passes the cap (the temp file is removed).
+//! memory, and cut off with 413 the moment it passes the cap (the store then removes the temp
+//! file).
 //! Accepts a raw body (`curl --data-binary @f`, `requests.post(url, data=f)`) or a multipart
 //! form with a file field (`curl -F file=@f`, the browser's form).
 
@@ -41,9 +42,9 @@ struct Spool {
 }
 
 impl Spool {
-    async fn new(path: PathBuf, max: u64, grace: std::time::Duration) -> Result<Spool, ApiError> {
-        let file = tokio::fs::File::create(&path).await.map_err(|e| ApiError::Internal(format!("temp file: {e}")))?;
-        Ok(Spool {
+    fn new(path: PathBuf, file: std::fs::File, max: u64, grace: std::time::Duration) -> Spool {
+        let file = tokio::fs::File::from_std(file);
+        Spool {
             started: std::time::Instant::now(),
             grace,
             file,
@@ -52,7 +53,7 @@ impl Spool {
             bytes: 0,
             head: Vec::new(),
             max,
-        })
+        }
     }
 
     async fn write(&mut self, chunk: &[u8]) -> Result<(), ApiError> {
@@ -100,30 +101,18 @@ impl Spool {
     }
 }
 
-/// Receives the upload into `temp`; on any error the temp file is removed. A client that
+/// Receives the upload into `temp` (a file the store made; on an error the caller has the
+/// store discard it). A client that
 /// sends nothing for `idle`, or averages under 64 KiB/s once `idle` has passed, is cut off
 /// (408): a slow sender holds a connection, never an analysis slot (those are taken only once
 /// the whole upload is here).
-pub async fn receive(
-    request: Request,
-    temp: PathBuf,
-    max: u64,
-    idle: std::time::Duration,
-) -> Result<Received, ApiError> {
-    let result = receive_inner(request, temp.clone(), max, idle).await;
-    if result.is_err() {
-        let _ = tokio::fs::remove_file(&temp).await;
-    }
-    result
-}
-
 fn too_slow(idle: std::time::Duration) -> ApiError {
     ApiError::Timeout(format!("the upload sent nothing for {} s", idle.as_secs()))
 }
 
-async fn receive_inner(
+pub async fn receive(
     request: Request,
-    temp: PathBuf,
+    temp: (PathBuf, std::fs::File),
     max: u64,
     idle: std::time::Duration,
 ) -> Result<Received, ApiError> {
@@ -132,7 +121,7 @@ async fn receive_inner(
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("multipart/form-data"));
-    let mut spool = Spool::new(temp, max, idle).await?;
+    let mut spool = Spool::new(temp.0, temp.1, max, idle);
     if !is_form {
         let mut body = request.into_body().into_data_stream();
         while let Some(chunk) = tokio::time::timeout(idle, body.next()).await.map_err(|_| too_slow(idle))? {

@@ -41,7 +41,11 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
     app.authorize(&headers)?;
     let idle = std::time::Duration::from_secs(app.config.request_timeout_secs);
-    let got = upload::receive(request, app.service.store.temp_path(), app.config.max_upload, idle).await?;
+    let store = &app.service.store;
+    let temp = store.create_temp().map_err(crate::store::StoreError::from)?;
+    let path = temp.0.clone();
+    let got =
+        upload::receive(request, temp, app.config.max_upload, idle).await.inspect_err(|_| store.discard_temp(&path))?;
     let name = q.name.as_deref().or(got.name.as_deref()).or(got.filename.as_deref()).unwrap_or("snapshot");
     let note = q.note.as_deref().or(got.note.as_deref()).unwrap_or("");
     let (name, note) = (clean(name, 200), clean(note, 4000));

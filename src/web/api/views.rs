@@ -227,23 +227,28 @@ pub async fn breakdown(
     Path((id, device)): Path<(String, i64)>,
     Query(q): Query<EventQuery>,
 ) -> Result<Json<crate::analysis::breakdown::Breakdown>, ApiError> {
-    let row = app.ready(&id).await?;
+    use crate::analysis::breakdown::Moment;
     let event = parse_event(&q)?;
+    if event.is_none() {
+        // The end was broken down at analysis time: no parse needed (analyses stored by older
+        // versions lack it, and are broken down below).
+        let a = stored(&app, &id).await?;
+        let d = a.devices.into_iter().find(|d| d.device == device).ok_or(ApiError::NotFound("device"))?;
+        if let Some(end) = d.memory.breakdown.into_iter().find(|b| b.moment == Moment::Final) {
+            return Ok(Json(end));
+        }
+    }
+    let row = app.ready(&id).await?;
     on_device(&app, &row, device, move |entry, i, d| {
-        let n = entry.snapshot.device_events(d).len() as u64;
-        let (state, at) = match event {
-            Some(_) => (state_after(entry, i, d, event)?, event),
-            // The end as replayed: its blocks know the event that made them.
-            None => {
-                (entry.replays[i].state_at(&entry.snapshot, n.checked_sub(1).map(|e| e as usize)), n.checked_sub(1))
-            }
+        let b = match event {
+            Some(e) => (state_after(entry, i, d, Some(e))?, Moment::Event, Some(e)),
+            None => (
+                entry.replays[i].end_state(d),
+                Moment::Final,
+                entry.snapshot.device_events(d).len().checked_sub(1).map(|e| e as u64),
+            ),
         };
-        let moment = if event.is_some() {
-            crate::analysis::breakdown::Moment::Event
-        } else {
-            crate::analysis::breakdown::Moment::Final
-        };
-        Ok(Json(entry.indexes[i].breakdown(&entry.snapshot, &state, moment, at)))
+        Ok(Json(entry.indexes[i].breakdown(&entry.snapshot, &b.0, b.1, b.2)))
     })
     .await
 }
