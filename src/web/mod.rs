@@ -6,6 +6,7 @@ pub mod api;
 mod assets;
 pub mod error;
 pub mod extract;
+mod fills;
 mod pages;
 mod upload;
 

@@ -64,6 +64,8 @@ struct DeviceCard {
     budget: String,
     /// What really happened, beside which simulations are read.
     real: String,
+    /// What fills memory; None for analyses stored before categories existed.
+    fills: Option<super::fills::Fills>,
 }
 
 struct RemedyView {
@@ -253,6 +255,14 @@ fn device_card(d: &DeviceAnalysis) -> DeviceCard {
             },
         })
         .collect();
+    // What would fix the run first, then what helps, then the rest, each group as analysed.
+    let mut remedies: Vec<RemedyView> = remedies;
+    remedies.sort_by_key(|r| match r.effect_class {
+        "fixes" => 0,
+        "applies" => 1,
+        "helps" => 2,
+        _ => 3,
+    });
     let mut warnings: Vec<String> = d.replay.first_warnings.clone();
     warnings.extend(d.replay.mismatches.iter().cloned());
     if !d.trace.complete {
@@ -281,6 +291,7 @@ fn device_card(d: &DeviceAnalysis) -> DeviceCard {
         events,
         start_event: oom.map(|o| o.event_index as i64).unwrap_or(events as i64 - 1),
         warnings,
+        fills: (!d.memory.breakdown.is_empty()).then(|| super::fills::fills(d)),
     }
 }
 

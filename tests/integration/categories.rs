@@ -236,3 +236,21 @@ fn capacity_remedies_carry_numbers_and_badges_follow_predictions() {
         assert!(saves.windows(2).all(|w| w[0] >= w[1]), "{name}: most saving first: {saves:?}");
     }
 }
+
+#[test]
+fn the_page_shows_what_fills_memory_with_the_remedies_that_fix_the_run_first() {
+    let server = TestServer::start(&[]);
+    let up = server.upload(&path("ranks3_rank1"));
+    let id = up["id"].as_str().unwrap();
+    server.wait_done(id);
+    let html = server.get(&format!("/s/{id}")).text().unwrap();
+    let panel = &html[html.find("What fills memory").expect("no panel")..];
+    assert!(panel.contains("At the OOM, event 3793 (backward)"), "{panel}");
+    assert!(panel.contains(r#"class="c-activation"><title>activation: "#), "no activation bar");
+    assert!(!panel.contains("At the end"), "the end is the OOM here: shown once");
+    // The first card is one whose prediction fixes the run; cards that do not apply come last.
+    let first = html.find(r#"class="remedy "#).unwrap();
+    assert!(html[first..].starts_with(r#"class="remedy fixes""#), "{}", &html[first..first + 60]);
+    let (fix, no) = (html.rfind(r#"class="remedy fixes""#).unwrap(), html.find(r#"class="remedy no""#).unwrap());
+    assert!(fix < no);
+}
