@@ -149,8 +149,13 @@ pub fn label(
     freed: &[Option<u32>],
 ) -> Labels {
     let mut labels = Labels { by_event: vec![Category::Unknown; events.len()], before: HashMap::new() };
-    let mut params: HashMap<StackId, bool> = HashMap::new();
-    let mut is_param = |stack: StackId| *params.entry(stack).or_insert_with(|| makes_parameters(snapshot, stack));
+    // By stack id (ids are dense): looked up once per allocation.
+    let mut params: Vec<Option<bool>> = vec![None; snapshot.stacks.stack_count()];
+    let mut is_param = |stack: StackId| match params.get_mut(stack as usize) {
+        Some(Some(p)) => *p,
+        Some(slot) => *slot.insert(makes_parameters(snapshot, stack)),
+        None => makes_parameters(snapshot, stack),
+    };
     for b in before {
         let c = if is_param(b.stack) {
             Category::Parameter
@@ -172,12 +177,16 @@ pub fn label(
         }
     }
     let last = events.len().saturating_sub(1);
+    let mut run = 0;
     for (i, e) in events.iter().enumerate() {
         if e.action != Action::ALLOC || labels.by_event[i] == Category::Parameter {
             continue;
         }
         let free = freed[i].map(|f| f as usize);
-        let run = phases.run_of(i);
+        // Events go forward, and so does the run that holds them.
+        while phases.runs[run].2 < i {
+            run += 1;
+        }
         let (phase, _, run_end) = phases.runs[run];
         let freed_by = |end: usize| free.is_some_and(|f| f <= end);
         labels.by_event[i] = match phase {

@@ -63,7 +63,10 @@ impl Index {
 /// each of the first OOMs is copied where it happens; for the peak of allocated bytes (known
 /// only at the end) a copy of the state every [`CHECKPOINT_EVERY`] events is kept while it
 /// precedes the highest point so far, and the end replays at most that many events from it.
+/// Where the replay keeps checkpoints of its own (a server's analysis), those serve instead.
 pub struct Capture {
+    /// Keep copies of our own: the replay keeps no checkpoints.
+    copies: bool,
     rolling: (Rc<State>, Option<usize>),
     best: u64,
     /// The copy that precedes the highest point so far, and the event it follows.
@@ -72,14 +75,17 @@ pub struct Capture {
 }
 
 impl Capture {
-    pub fn new(initial: &State) -> Capture {
+    pub fn new(initial: &State, copies: bool) -> Capture {
         let rolling = (Rc::new(initial.clone()), None);
-        Capture { best: initial.totals.allocated_bytes, base: rolling.clone(), rolling, ooms: Vec::new() }
+        Capture { copies, best: initial.totals.allocated_bytes, base: rolling.clone(), rolling, ooms: Vec::new() }
     }
 
     pub fn event(&mut self, index: usize, e: &Event, state: &State) {
         if e.action == Action::OOM && self.ooms.len() < OOM_BREAKDOWNS {
             self.ooms.push((index, state.clone()));
+        }
+        if !self.copies {
+            return;
         }
         if state.totals.allocated_bytes > self.best {
             self.best = state.totals.allocated_bytes;
@@ -93,13 +99,13 @@ impl Capture {
     /// The state right after the peak `event` (None: the peak is the state before the trace).
     fn at_peak(&self, snapshot: &Snapshot, replay: &Replay, event: Option<usize>) -> State {
         match event {
-            Some(e) if self.base.1.is_none_or(|b| b <= e) => {
+            Some(e) if self.copies && self.base.1.is_none_or(|b| b <= e) => {
                 let mut state = (*self.base.0).clone();
                 replay.advance(snapshot, &mut state, self.base.1.map_or(0, |b| b + 1), e);
                 state
             }
-            // Before the copy the pass kept (it cannot be: the peak is found the same way), or
-            // the state before the trace: from the replay itself.
+            // From the replay's own checkpoints; or before the copy the pass kept (it cannot
+            // be: the peak is found the same way); or the state before the trace.
             _ => replay.state_at(snapshot, event),
         }
     }

@@ -138,11 +138,13 @@ struct Pass<'a> {
     phases: phases::Phases,
     steps: breakdown::StepPeaks,
     capture: Option<memory::Capture>,
+    /// The replay keeps no checkpoints: the capture keeps copies of its own.
+    copies: bool,
 }
 
 impl Observer for Pass<'_> {
     fn start(&mut self, initial: &State) {
-        self.capture = Some(memory::Capture::new(initial));
+        self.capture = Some(memory::Capture::new(initial, self.copies));
     }
 
     fn event(&mut self, index: usize, e: &Event, state: &State) {
@@ -170,6 +172,7 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
         phases: memory::phases(snapshot, d),
         steps: breakdown::StepPeaks::default(),
         capture: None,
+        copies: depth == Depth::Report,
     };
     let replay = Replay::run_with(snapshot, d, &mut pass, depth != Depth::Report);
     let initial = replay.state_at(snapshot, None);
@@ -208,7 +211,7 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
     predict(snapshot, d, &pass.ooms.ooms, peak.reserved_bytes, &mut diagnosis);
     let steps = std::mem::take(&mut pass.steps.steps);
     let index = memory::Index::build(snapshot, d, std::mem::take(&mut pass.phases), &initial);
-    let capture = pass.capture.take().unwrap_or_else(|| memory::Capture::new(&initial));
+    let capture = pass.capture.take().unwrap_or_else(|| memory::Capture::new(&initial, false));
     let memory = memory::memory(snapshot, d, &replay, &index, &capture, &peak, steps);
     drop(capture);
     explain_capacity(snapshot, events, &pass.ooms.ooms, &index, &memory, &mut diagnosis);

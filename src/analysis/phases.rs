@@ -21,8 +21,6 @@
 
 use std::collections::HashMap;
 
-use foldhash::HashMap as FastMap;
-
 use serde::{Deserialize, Serialize};
 
 use crate::snapshot::{EMPTY_STACK, Event, Snapshot, StackId};
@@ -59,8 +57,9 @@ pub struct Phases {
     /// so finding "the next backward" is one read, not a scan: a trace of many short runs
     /// (inference, or a hostile file) must not make labelling quadratic.
     next: Vec<[u32; 4]>,
-    /// What each stack's frames say ([`tag`]), computed once per stack.
-    tags: FastMap<StackId, Tag>,
+    /// What each stack's frames say ([`tag`]), by stack id (ids are dense), computed once per
+    /// stack that an event has.
+    tags: Vec<Option<Tag>>,
     /// Steps found (from optimizer phases or `user_metadata`); 0 when none.
     pub steps: u32,
     /// Some stack in the trace has frames: without any, phases cannot be told.
@@ -70,11 +69,6 @@ pub struct Phases {
 }
 
 impl Phases {
-    /// The run that holds event `i`.
-    pub fn run_of(&self, i: usize) -> usize {
-        self.runs.partition_point(|r| r.2 < i)
-    }
-
     /// The first run after `run` of phase `p`.
     pub fn next_run(&self, run: usize, p: Phase) -> Option<usize> {
         let r = self.next.get(run)?[p as usize];
@@ -84,7 +78,7 @@ impl Phases {
     /// What `stack`'s frames say, as the phases were told ([`Tag::None`] for a stack no event
     /// of the trace has).
     pub fn tag_of(&self, stack: StackId) -> Tag {
-        self.tags.get(&stack).copied().unwrap_or(Tag::None)
+        self.tags.get(stack as usize).copied().flatten().unwrap_or(Tag::None)
     }
 }
 
@@ -147,7 +141,7 @@ fn optimizer_ranges(snapshot: &Snapshot, device: i64) -> Vec<(i64, i64)> {
 
 /// The phases of a device's events (`first` is the index of `events[0]` in the snapshot).
 pub fn phases(snapshot: &Snapshot, device: i64, events: &[Event], first: usize) -> Phases {
-    let mut tags: FastMap<StackId, Tag> = FastMap::default();
+    let mut tags: Vec<Option<Tag>> = vec![None; snapshot.stacks.stack_count()];
     let ranges = optimizer_ranges(snapshot, device);
     let has_frames = events.iter().any(|e| e.stack != EMPTY_STACK);
     let mut out = Phases { has_frames, ..Phases::default() };
@@ -159,7 +153,11 @@ pub fn phases(snapshot: &Snapshot, device: i64, events: &[Event], first: usize) 
         let mut t = if e.stack == EMPTY_STACK {
             Tag::None
         } else {
-            *tags.entry(e.stack).or_insert_with(|| tag(snapshot, e.stack))
+            match tags.get_mut(e.stack as usize) {
+                Some(Some(t)) => *t,
+                Some(slot) => *slot.insert(tag(snapshot, e.stack)),
+                None => tag(snapshot, e.stack),
+            }
         };
         if let Some(time) = e.time() {
             while range < ranges.len() && ranges[range].1 < time {
