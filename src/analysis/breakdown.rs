@@ -171,7 +171,7 @@ pub fn growth(
     events: &[Event],
     phases: &Phases,
     labels: &Labels,
-    freed: &[Option<u32>],
+    freed: &[u32],
     rules: &Rules,
 ) -> Vec<Growth> {
     if phases.steps < 3 {
@@ -183,7 +183,7 @@ pub fn growth(
     for (i, e) in events.iter().enumerate() {
         let c = labels.at(i);
         if e.action != Action::ALLOC
-            || freed[i].is_some()
+            || freed[i] != super::categories::NEVER
             || matches!(c, Category::Parameter | Category::Gradient | Category::OptimizerState)
         {
             continue;

@@ -120,10 +120,15 @@ fn inits_optimizer_state(snapshot: &Snapshot, stack: StackId) -> bool {
     snapshot.stacks.frames(stack).any(|f| snapshot.stacks.str(f.name) == "_init_group")
 }
 
-/// For each alloc event, the event that freed it (`free_requested`, else `free_completed`).
-pub fn frees(events: &[Event]) -> Vec<Option<u32>> {
-    let mut open: HashMap<u64, u32> = HashMap::new();
-    let mut out = vec![None; events.len()];
+/// In [`frees`]: never freed within the trace.
+pub const NEVER: u32 = u32::MAX;
+
+/// For each alloc event, the event that freed it (`free_requested`, else `free_completed`), or
+/// [`NEVER`]. A plain `u32` per event, not an `Option`: half the memory on a long trace.
+pub fn frees(events: &[Event]) -> Vec<u32> {
+    // Only live blocks are in the map: it stays small however long the trace.
+    let mut open: HashMap<u64, u32> = HashMap::with_capacity(1 << 12);
+    let mut out = vec![NEVER; events.len()];
     for (i, e) in events.iter().enumerate() {
         match e.action {
             Action::ALLOC => {
@@ -131,7 +136,7 @@ pub fn frees(events: &[Event]) -> Vec<Option<u32>> {
             }
             Action::FREE_REQUESTED | Action::FREE_COMPLETED => {
                 if let Some(a) = open.remove(&e.addr) {
-                    out[a as usize] = Some(i as u32);
+                    out[a as usize] = i as u32;
                 }
             }
             _ => {}
@@ -141,13 +146,7 @@ pub fn frees(events: &[Event]) -> Vec<Option<u32>> {
 }
 
 /// Labels every allocation of a device. `before` are the blocks alive when the trace began.
-pub fn label(
-    snapshot: &Snapshot,
-    events: &[Event],
-    phases: &Phases,
-    before: &[BlockRec],
-    freed: &[Option<u32>],
-) -> Labels {
+pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[BlockRec], freed: &[u32]) -> Labels {
     let mut labels = Labels { by_event: vec![Category::Unknown; events.len()], before: HashMap::new() };
     // By stack id (ids are dense): looked up once per allocation.
     let mut params: Vec<Option<bool>> = vec![None; snapshot.stacks.stack_count()];
@@ -182,7 +181,7 @@ pub fn label(
         if e.action != Action::ALLOC || labels.by_event[i] == Category::Parameter {
             continue;
         }
-        let free = freed[i].map(|f| f as usize);
+        let free = (freed[i] != NEVER).then_some(freed[i] as usize);
         // Events go forward, and so does the run that holds them.
         while phases.runs[run].2 < i {
             run += 1;

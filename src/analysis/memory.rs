@@ -30,7 +30,7 @@ pub struct Index {
     pub phases: Phases,
     pub labels: Labels,
     /// For each alloc event, the event that freed it ([`categories::frees`]).
-    pub freed: Vec<Option<u32>>,
+    pub freed: Vec<u32>,
 }
 
 impl Index {
@@ -47,6 +47,11 @@ impl Index {
         let freed = categories::frees(events);
         let labels = categories::label(snapshot, events, &phases, &before, &freed);
         Index { phases, labels, freed }
+    }
+
+    /// About what it holds in memory: per event a phase, a step, a category and a free.
+    pub fn bytes(&self) -> u64 {
+        self.phases.phase.len() as u64 * (1 + 4 + 1 + 4)
     }
 
     pub fn phase_at(&self, event: Option<u64>) -> Phase {

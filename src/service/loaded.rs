@@ -22,10 +22,11 @@ pub struct Entry {
 }
 
 impl Entry {
-    /// About what it holds in memory: the events, and the replays' checkpoints.
+    /// About what it holds in memory: the events, the replays' checkpoints, the indexes.
     pub fn bytes(&self) -> u64 {
         let events = self.snapshot.events.len() as u64;
-        events * 33
+        events * 32
+            + self.indexes.iter().map(|i| i.bytes()).sum::<u64>()
             + self
                 .replays
                 .iter()
