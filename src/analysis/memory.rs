@@ -35,8 +35,9 @@ pub struct Index {
 
 impl Index {
     /// Phases first (they need only the events); labels once the replay knows the blocks alive
-    /// before the trace (`initial`, the state before the first event).
-    pub fn build(snapshot: &Snapshot, d: &Device, phases: Phases, initial: &State) -> Index {
+    /// before the trace (`initial`, the state before the first event); `freed` is
+    /// [`categories::frees`] of the device's events.
+    pub fn build(snapshot: &Snapshot, d: &Device, phases: Phases, initial: &State, freed: Vec<u32>) -> Index {
         let events = snapshot.device_events(d);
         let before: Vec<_> = initial
             .segment_ids()
@@ -44,7 +45,6 @@ impl Index {
             .map(|b| initial.block(b).clone())
             .filter(|b| b.state != BlockState::Inactive)
             .collect();
-        let freed = categories::frees(events);
         let labels = categories::label(snapshot, events, &phases, &before, &freed);
         Index { phases, labels, freed }
     }

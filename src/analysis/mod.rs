@@ -174,7 +174,13 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
         capture: None,
         copies: depth == Depth::Report,
     };
-    let replay = Replay::run_with(snapshot, d, &mut pass, depth != Depth::Report);
+    // Which event frees each allocation needs only the events: worked out on the other core
+    // while this one replays.
+    let (replay, freed) = std::thread::scope(|scope| {
+        let freed = scope.spawn(|| categories::frees(events));
+        let replay = Replay::run_with(snapshot, d, &mut pass, depth != Depth::Report);
+        (replay, freed.join().unwrap_or_else(|_| categories::frees(events)))
+    });
     let initial = replay.state_at(snapshot, None);
     let mut peak = pass.timeline.peak;
     if initial.totals.reserved_bytes >= peak.reserved_bytes {
@@ -210,7 +216,7 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
     });
     predict(snapshot, d, &pass.ooms.ooms, peak.reserved_bytes, &mut diagnosis);
     let steps = std::mem::take(&mut pass.steps.steps);
-    let index = memory::Index::build(snapshot, d, std::mem::take(&mut pass.phases), &initial);
+    let index = memory::Index::build(snapshot, d, std::mem::take(&mut pass.phases), &initial, freed);
     let capture = pass.capture.take().unwrap_or_else(|| memory::Capture::new(&initial, false));
     let memory = memory::memory(snapshot, d, &replay, &index, &capture, &peak, steps);
     drop(capture);
