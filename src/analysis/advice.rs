@@ -137,7 +137,7 @@ pub struct Fit {
     pub effect: Option<Effect>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub saves_bytes: Option<u64>,
-    /// Predicted peak of allocated bytes (capacity remedies) or reserved bytes (simulated ones).
+    /// Predicted peak of reserved bytes.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub predicted_peak_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]

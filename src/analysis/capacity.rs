@@ -1,10 +1,15 @@
 //! Remedies for a capacity OOM, with numbers: what would make the run fit, computed from what
-//! filled memory at the OOM ([`super::breakdown`]) and any growth.
+//! filled memory at the OOM ([`super::breakdown`]) and any growth. The same for a run that did
+//! not run out of memory but peaked close to a budget the user names (`--capacity`).
 //!
-//! The need is what was allocated at the OOM plus the failing request; the budget is the memory
-//! reserved then (the limit the job had is at least that). A remedy saves bytes of the
-//! categories it acts on; its predicted peak is the need less those savings, and it fixes the
-//! run when that fits the budget. The factors are stated in each `why`:
+//! Both are reckoned in reserved bytes, as the budget is: at an OOM the need is what was
+//! reserved plus the segment the allocator then asked for, and the budget `--capacity` or else
+//! what was reserved (the limit the job had is at least that: so a remedy must save at least
+//! the failing segment); at a peak the need is the peak of reserved bytes. A remedy saves bytes
+//! of the categories it acts on; its predicted peak is the need less those savings, which
+//! assumes the allocator's cached slack stays as it was (pessimistic). It fixes an OOM when that
+//! fits the budget, and a near miss when it is back under [`HEADROOM`] of it. The factors are
+//! stated in each `why`:
 //! - `fix_leak`: all bytes the growing call sites keep.
 //! - `activation_checkpointing`: half the activations (each checkpointed segment keeps its
 //!   input and recomputes the rest; per-layer checkpointing of a transformer saves more).
@@ -19,20 +24,34 @@
 use super::advice::{Effect, Fit, Remedy, RemedyKind};
 use super::breakdown::{Breakdown, Growth};
 use super::categories::Category;
-use super::oom::Oom;
 use super::phases::Phase;
 use crate::units::bytes;
 
+/// A peak this close to the budget (90%) gets remedies too, and a remedy that brings an OOM
+/// or a near miss back under it restores the headroom a run needs (other processes, the
+/// allocator's own slack).
+pub const HEADROOM: f64 = 0.9;
+
 /// What the capacity remedies weigh.
 pub struct Facts<'a> {
-    pub oom: &'a Oom,
-    /// What filled memory at the OOM.
-    pub at_oom: &'a Breakdown,
+    /// What filled memory at the moment judged: the OOM, or the peak.
+    pub at: &'a Breakdown,
     pub growth: &'a [Growth],
-    /// The phase the failing request was made in.
-    pub request_phase: Phase,
-    /// The failing request is the size of the loss's logits (see [`loss_sized`]).
-    pub request_is_loss: bool,
+    /// What the run needed reserved: at an OOM, what was reserved plus the segment it asked
+    /// for; at a peak, the peak of reserved bytes.
+    pub need: u64,
+    pub budget: u64,
+    /// The failing request, at an OOM.
+    pub request: Option<Request>,
+}
+
+/// The request an OOM failed on.
+pub struct Request {
+    pub bytes: u64,
+    /// The phase it was made in.
+    pub phase: Phase,
+    /// It is the size of the loss's logits (see [`loss_sized`]).
+    pub is_loss: bool,
 }
 
 /// True when some allocation of the failing request's size (within 1%) is the loss's: its
@@ -60,9 +79,11 @@ pub fn loss_sized(
 /// The remedies, most saving first, each with its numbers, and a sentence when none alone
 /// would make the run fit.
 pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
-    let cat = |c: Category| f.at_oom.categories.get(&c).copied().unwrap_or(0);
-    let need = f.oom.allocated_bytes + f.oom.requested_bytes;
-    let budget = f.oom.reserved_bytes;
+    let cat = |c: Category| f.at.categories.get(&c).copied().unwrap_or(0);
+    let (need, budget) = (f.need, f.budget);
+    // At an OOM the run must fit the budget; after a near miss, get back under the headroom.
+    let limit = if f.request.is_some() { budget } else { (budget as f64 * HEADROOM) as u64 };
+    let moment = if f.request.is_some() { "at the OOM" } else { "at the peak" };
     let (act, tmp, input) = (cat(Category::Activation), cat(Category::Temporary), cat(Category::Input));
     let (state, grads) = (cat(Category::OptimizerState), cat(Category::Gradient));
     let mut out = Vec::new();
@@ -71,9 +92,9 @@ pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
             return;
         }
         let peak = need.saturating_sub(saves);
-        let effect = if peak <= budget { Effect::Fixes } else { Effect::Helps };
+        let effect = if peak <= limit { Effect::Fixes } else { Effect::Helps };
         out.push(Remedy {
-            predicted: Some(format!("peak {} allocated against the {} budget", bytes(peak), bytes(budget))),
+            predicted: Some(format!("peak {} reserved against the {} budget", bytes(peak), bytes(budget))),
             fit: Fit {
                 effect: Some(effect),
                 saves_bytes: Some(saves),
@@ -97,33 +118,34 @@ pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
             ),
         );
     }
-    let sites: Vec<String> = f
-        .at_oom
-        .call_sites
-        .iter()
-        .filter(|s| s.category == Category::Activation)
-        .filter_map(|s| s.call_site.as_ref().map(|c| c.to_string()))
-        .take(3)
-        .collect();
+    let sites: Vec<String> =
+        f.at.call_sites
+            .iter()
+            .filter(|s| s.category == Category::Activation)
+            .filter_map(|s| s.call_site.as_ref().map(|c| c.to_string()))
+            .take(3)
+            .collect();
     add(
         RemedyKind::ActivationCheckpointing,
         act / 2,
         "from torch.utils.checkpoint import checkpoint\ny = checkpoint(block, x, use_reentrant=False)  # around each layer"
             .into(),
         format!(
-            "{} of activations were alive at the OOM{}. Checkpointing keeps each segment's input and recomputes the rest in the backward; counted here as half of them.",
+            "{} of activations were alive {moment}{}. Checkpointing keeps each segment's input and recomputes the rest in the backward; counted here as half of them.",
             bytes(act),
             if sites.is_empty() { String::new() } else { format!(", most made at {}", sites.join(", ")) }
         ),
     );
-    let batch_request =
-        if matches!(f.request_phase, Phase::Forward | Phase::Backward) { f.oom.requested_bytes } else { 0 };
+    let batch_request = match &f.request {
+        Some(r) if matches!(r.phase, Phase::Forward | Phase::Backward) => r.bytes,
+        _ => 0,
+    };
     add(
         RemedyKind::SmallerBatch,
         (act + tmp + input + batch_request) / 2,
         "# half the micro-batch, the same effective batch:\nfor half in batch.chunk(2):\n    (loss_fn(model(half)) / 2).backward()\noptimizer.step()".into(),
         format!(
-            "Activations, temporaries and inputs scale with the micro-batch ({} at the OOM): halving it with 2 steps of gradient accumulation saves about half.",
+            "Activations, temporaries and inputs scale with the micro-batch ({} {moment}): halving it with 2 steps of gradient accumulation saves about half.",
             bytes(act + tmp + input)
         ),
     );
@@ -143,7 +165,7 @@ pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
             bytes(state)
         ),
     );
-    if f.at_oom.phase == Phase::Forward {
+    if f.at.phase == Phase::Forward {
         add(
             RemedyKind::GradsSetToNone,
             grads,
@@ -154,21 +176,22 @@ pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
             ),
         );
     }
-    if f.request_is_loss {
+    if let Some(r) = f.request.as_ref().filter(|r| r.is_loss) {
         add(
             RemedyKind::ChunkedLoss,
-            f.oom.requested_bytes / 8 * 7,
+            r.bytes / 8 * 7,
             "# the loss over 8 chunks of the sequence, never the whole upcast logits at once:\nloss = sum(F.cross_entropy(head(h).float(), t, reduction=\"sum\") for h, t in zip(hidden.chunk(8, 1), targets.chunk(8, 1))) / targets.numel()".into(),
-            format!("The failing request ({}) is the loss's: the logits upcast whole. In 8 chunks only an eighth is alive at once.", bytes(f.oom.requested_bytes)),
+            format!("The failing request ({}) is the loss's: the logits upcast whole. In 8 chunks only an eighth is alive at once.", bytes(r.bytes)),
         );
     }
     out.sort_by(|a, b| b.fit.saves_bytes.cmp(&a.fit.saves_bytes));
     let none = !out.iter().any(|r| r.fit.effect == Some(Effect::Fixes));
     let note = none.then(|| {
         format!(
-            "No single change here is enough: the run needs {} and had {}; combine the largest savings.",
+            "No single change here is enough: the run needs {} and {} {}; combine the largest savings.",
             bytes(need),
-            bytes(budget)
+            if f.request.is_some() { "had" } else { "should stay under" },
+            bytes(limit)
         )
     });
     (out, note)

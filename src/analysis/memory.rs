@@ -24,6 +24,13 @@ pub struct Memory {
     pub growth: Vec<Growth>,
 }
 
+impl Memory {
+    /// The step whose peak of allocated bytes is highest (the first of equals).
+    pub fn highest_step(&self) -> Option<&Step> {
+        self.steps.iter().rev().max_by_key(|s| s.peak_allocated_bytes)
+    }
+}
+
 /// Phases and labels of one device: enough to break down the state at any event.
 #[derive(Debug, Clone, Default)]
 pub struct Index {

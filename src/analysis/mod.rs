@@ -110,11 +110,23 @@ pub enum Depth {
     Serve,
 }
 
+/// What the user tells the analysis beyond the file.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// The memory budget the job has (`--capacity`): remedies are weighed against it, at an
+    /// OOM and at a peak that comes close to it.
+    pub capacity: Option<u64>,
+}
+
 pub fn analyze(snapshot: &Snapshot, source: Source, depth: Depth) -> Analyzed {
+    analyze_with(snapshot, source, depth, Options::default())
+}
+
+pub fn analyze_with(snapshot: &Snapshot, source: Source, depth: Depth, options: Options) -> Analyzed {
     let mut devices = Vec::new();
     let (mut replays, mut timelines, mut indexes) = (Vec::new(), Vec::new(), Vec::new());
     for d in &snapshot.devices {
-        let (analysis, replay, timeline, index) = analyze_device(snapshot, d, depth);
+        let (analysis, replay, timeline, index) = analyze_device(snapshot, d, depth, options);
         devices.push(analysis);
         replays.push(replay);
         timelines.push(timeline);
@@ -161,7 +173,12 @@ impl Observer for Pass<'_> {
     }
 }
 
-fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnalysis, Replay, Timeline, memory::Index) {
+fn analyze_device(
+    snapshot: &Snapshot,
+    d: &Device,
+    depth: Depth,
+    options: Options,
+) -> (DeviceAnalysis, Replay, Timeline, memory::Index) {
     let events = snapshot.device_events(d);
     let rules = replay::Rules::from_settings(snapshot.allocator_settings.as_ref());
     let serve = depth == Depth::Serve;
@@ -220,7 +237,8 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
     let capture = pass.capture.take().unwrap_or_else(|| memory::Capture::new(&initial, false));
     let memory = memory::memory(snapshot, d, &replay, &index, &capture, &peak, steps);
     drop(capture);
-    explain_capacity(snapshot, events, &pass.ooms.ooms, &index, &memory, &mut diagnosis);
+    let reserved = peak.reserved_bytes;
+    explain_capacity(snapshot, events, &pass.ooms.ooms, &index, &memory, options.capacity, reserved, &mut diagnosis);
     let analysis = DeviceAnalysis {
         device: d.device,
         final_state,
@@ -243,21 +261,52 @@ fn analyze_device(snapshot: &Snapshot, d: &Device, depth: Depth) -> (DeviceAnaly
     (analysis, replay, pass.timeline, index)
 }
 
-/// For a capacity OOM: what filled memory, in the summary, and the remedies that would make
-/// the run fit, with their numbers.
+/// For a capacity OOM, or a peak close to `capacity`: what filled memory, in the summary, and
+/// the remedies that would make the run fit, with their numbers.
 fn explain_capacity(
     snapshot: &Snapshot,
     events: &[Event],
     ooms: &[Oom],
     index: &memory::Index,
     memory: &memory::Memory,
+    capacity: Option<u64>,
+    peak_reserved: u64,
     diagnosis: &mut Diagnosis,
 ) {
-    let Some(oom) = ooms.first().filter(|o| o.verdict == oom::Verdict::Capacity) else { return };
-    let moment = breakdown::Moment::Oom;
-    let Some(at) = memory.breakdown.iter().find(|b| b.moment == moment && b.event_index == Some(oom.event_index))
-    else {
-        return;
+    use breakdown::Moment;
+    let find = |m: Moment, e: Option<u64>| memory.breakdown.iter().find(|b| b.moment == m && b.event_index == e);
+    let (at, facts) = match ooms.first() {
+        Some(oom) if oom.verdict == oom::Verdict::Capacity => {
+            let Some(at) = find(Moment::Oom, Some(oom.event_index)) else { return };
+            let request = capacity::Request {
+                bytes: oom.requested_bytes,
+                phase: index.phase_at(Some(oom.event_index)),
+                is_loss: capacity::loss_sized(snapshot, events, &index.phases, oom.requested_bytes),
+            };
+            let need = oom.reserved_bytes + oom.allocation_bytes;
+            let budget = capacity.unwrap_or(oom.reserved_bytes);
+            (at, capacity::Facts { at, growth: &memory.growth, need, budget, request: Some(request) })
+        }
+        Some(_) => return,
+        None => {
+            let Some(budget) = capacity else { return };
+            let Some(at) = memory.breakdown.iter().find(|b| b.moment == Moment::Peak) else { return };
+            if (peak_reserved as f64) < budget as f64 * capacity::HEADROOM {
+                return;
+            }
+            let share = 100.0 * peak_reserved as f64 / budget.max(1) as f64;
+            let verdict = if peak_reserved > budget {
+                "more than the budget: under it, this run would run out of memory"
+            } else {
+                "too close for comfort"
+            };
+            diagnosis.summary.push_str(&format!(
+                " The peak, {} reserved, is {share:.0}% of the {} budget: {verdict}.",
+                crate::units::bytes(peak_reserved),
+                crate::units::bytes(budget)
+            ));
+            (at, capacity::Facts { at, growth: &memory.growth, need: peak_reserved, budget, request: None })
+        }
     };
     let mut top: Vec<_> = at.categories.iter().filter(|(_, b)| **b > 0).collect();
     top.sort_by(|a, b| b.1.cmp(a.1));
@@ -267,18 +316,12 @@ fn explain_capacity(
         .map(|(c, b)| format!("{} {}", crate::units::bytes(**b), c.as_str().replace('_', " ")))
         .collect();
     diagnosis.summary.push_str(&format!(
-        " At the OOM ({} phase) the {} allocated was mostly {}.",
+        " At the {} ({} phase) the {} allocated was mostly {}.",
+        if facts.request.is_some() { "OOM" } else { "peak" },
         serde_json::to_value(at.phase).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
         crate::units::bytes(at.allocated_bytes),
         parts.join(", ")
     ));
-    let facts = capacity::Facts {
-        oom,
-        at_oom: at,
-        growth: &memory.growth,
-        request_phase: index.phase_at(Some(oom.event_index)),
-        request_is_loss: capacity::loss_sized(snapshot, events, &index.phases, oom.requested_bytes),
-    };
     let (remedies, note) = capacity::remedies(&facts);
     diagnosis.remedies.extend(remedies);
     if let Some(note) = note {

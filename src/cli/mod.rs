@@ -38,6 +38,11 @@ pub enum Command {
         /// Print the analysis as JSON (the same document the API serves).
         #[arg(long)]
         json: bool,
+        /// The memory budget the job has (e.g. 12GiB): remedies are weighed against it, at an
+        /// OOM and when the peak comes within 10% of it. Without it, an OOM's budget is what was
+        /// reserved when it happened.
+        #[arg(long, value_parser = crate::config::parse_size)]
+        capacity: Option<u64>,
     },
     /// Replay the trace through a model of the caching allocator under other settings.
     Simulate {
@@ -76,7 +81,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(config) => serve(config),
-        Command::Analyze { file, json } => match analyze(&file, json) {
+        Command::Analyze { file, json, capacity } => match analyze(&file, json, capacity) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&file, e),
         },
@@ -215,9 +220,10 @@ fn fail(file: &std::path::Path, e: IngestError) -> ExitCode {
     }
 }
 
-fn analyze(file: &std::path::Path, json: bool) -> Result<(), IngestError> {
+fn analyze(file: &std::path::Path, json: bool, capacity: Option<u64>) -> Result<(), IngestError> {
     let ingested = ingest::ingest_path(file, &ingest::Options::default())?;
-    let analyzed = analysis::analyze(&ingested.snapshot, ingested.source, analysis::Depth::Report);
+    let options = analysis::Options { capacity };
+    let analyzed = analysis::analyze_with(&ingested.snapshot, ingested.source, analysis::Depth::Report, options);
     let analysis = &analyzed.analysis;
     // The process ends right after printing: freeing the model piece by piece would only cost
     // time (a tenth of a second on a 243 MiB snapshot), so leave it to the OS.

@@ -41,7 +41,7 @@ pub fn write_diagnosis(out: &mut impl Write, d: &DeviceAnalysis) -> std::io::Res
         }
     }
     if !d.memory.steps.is_empty() {
-        let worst = d.memory.steps.iter().max_by_key(|s| s.peak_allocated_bytes);
+        let worst = d.memory.highest_step();
         if let Some(w) = worst {
             writeln!(
                 out,

@@ -97,7 +97,7 @@ pub fn fills(d: &DeviceAnalysis) -> Fills {
             && m.breakdown.iter().any(|o| o.moment == Moment::Oom && o.event_index == b.event_index)
     };
     let moments: Vec<MomentView> = m.breakdown.iter().filter(|b| !same_as_oom(b)).map(moment).collect();
-    let steps = match m.steps.iter().max_by_key(|s| s.peak_allocated_bytes) {
+    let steps = match m.highest_step() {
         Some(w) => format!(
             "{} training steps found; the highest peak, {} allocated, in step {} during the {}.",
             m.steps.len(),

@@ -220,8 +220,9 @@ fn capacity_remedies_carry_numbers_and_badges_follow_predictions() {
         let a = analyze_json(&path(name));
         let d = &a["devices"][0];
         let budget = d["ooms"][0]["reserved_bytes"].as_u64().unwrap();
+        // Reserved at the OOM plus the segment the allocator asked for ("Tried to allocate").
         let need =
-            d["ooms"][0]["allocated_bytes"].as_u64().unwrap() + d["ooms"][0]["requested_bytes"].as_u64().unwrap();
+            d["ooms"][0]["reserved_bytes"].as_u64().unwrap() + d["ooms"][0]["allocation_bytes"].as_u64().unwrap();
         let capacity: Vec<&Value> =
             d["diagnosis"]["remedies"].as_array().unwrap().iter().filter(|r| r["saves_bytes"].is_u64()).collect();
         assert!(capacity.iter().any(|r| r["kind"] == "activation_checkpointing"), "{name}");
@@ -253,4 +254,45 @@ fn the_page_shows_what_fills_memory_with_the_remedies_that_fix_the_run_first() {
     assert!(html[first..].starts_with(r#"class="remedy fixes""#), "{}", &html[first..first + 60]);
     let (fix, no) = (html.rfind(r#"class="remedy fixes""#).unwrap(), html.find(r#"class="remedy no""#).unwrap());
     assert!(fix < no);
+}
+
+fn analyze_with_capacity(name: &str, capacity: u64) -> Value {
+    let out = std::process::Command::new(bin())
+        .args(["analyze", "--json", "--capacity", &capacity.to_string()])
+        .arg(path(name))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_budget_from_the_job_weighs_remedies_at_the_oom_and_at_a_near_miss() {
+    // cnn_capacity_oom ran under 12 GiB (its truth's cap_bytes); the ranks under 8 GiB each.
+    let cap = truth("cnn_capacity_oom")["info"]["cap_bytes"].as_u64().unwrap();
+    let a = analyze_with_capacity("cnn_capacity_oom", cap);
+    let remedies = a["devices"][0]["diagnosis"]["remedies"].as_array().unwrap().clone();
+    let capacity: Vec<&Value> = remedies.iter().filter(|r| r["saves_bytes"].is_u64()).collect();
+    assert!(!capacity.is_empty() && capacity.iter().all(|r| r["budget_bytes"].as_u64() == Some(cap)));
+    // Rank 0 did not run out of memory; under the same 8 GiB its peak is a near miss.
+    assert!(truth("ranks3_rank0")["info"]["oom"].is_null());
+    let plain = analyze_json(&path("ranks3_rank0"));
+    assert!(
+        plain["devices"][0]["diagnosis"]["remedies"].as_array().unwrap().iter().all(|r| !r["saves_bytes"].is_u64())
+    );
+    let eight = 8u64 << 30;
+    let a = analyze_with_capacity("ranks3_rank0", eight);
+    let d = &a["devices"][0];
+    let peak = d["peak"]["reserved_bytes"].as_u64().unwrap();
+    assert!(peak as f64 >= 0.9 * eight as f64 && peak <= eight, "the fixture is a near miss: {peak}");
+    assert!(d["diagnosis"]["summary"].as_str().unwrap().contains("too close for comfort"));
+    let capacity: Vec<&Value> =
+        d["diagnosis"]["remedies"].as_array().unwrap().iter().filter(|r| r["saves_bytes"].is_u64()).collect();
+    assert!(capacity.iter().any(|r| r["kind"] == "smaller_batch"));
+    for r in capacity {
+        let predicted = r["predicted_peak_bytes"].as_u64().unwrap();
+        assert_eq!(predicted, peak - r["saves_bytes"].as_u64().unwrap());
+        let fixes = predicted as f64 <= 0.9 * eight as f64;
+        assert_eq!(r["effect"], if fixes { "fixes" } else { "helps" }, "{}", r["kind"]);
+    }
 }
