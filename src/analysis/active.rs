@@ -1,13 +1,17 @@
 //! Active memory by call site over events: what PyTorch's viewer calls the "Active Memory
 //! Timeline", aggregated here so three million events draw as a few hundred columns. Live
 //! (active) bytes are summed per call site at the end of each bucket; the `top` sites by
-//! peak are kept apart and the rest summed as `other`.
+//! peak are kept apart and the rest summed as `other`. Grouped by category instead, there is
+//! one series per category of memory (see `categories`). Sizes are the requests rounded as the
+//! allocator rounds them: a large-pool block can hold up to 1 MiB more (the rest it was not
+//! split from), which the segment map and the breakdowns count.
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::replay::{Replay, Rules, State};
+use super::categories::{Category, Labels};
+use crate::replay::{BlockRec, Replay, Rules, State};
 use crate::snapshot::sites::{CallSite, call_site};
 use crate::snapshot::{Action, BlockState, Device, Snapshot, StackId};
 
@@ -23,8 +27,19 @@ pub struct ActiveBySite {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct SiteSeries {
+    /// The call site of this series (grouped by call site).
     pub call_site: Option<CallSite>,
+    /// What its blocks hold (grouped by category).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub category: Option<Category>,
     pub values: Vec<u64>,
+}
+
+/// What one series of the chart gathers: blocks of one call site, or of one category.
+#[derive(Clone, Copy)]
+pub enum Group<'a> {
+    Site,
+    Category(&'a Labels),
 }
 
 pub fn active_by_site(
@@ -34,6 +49,19 @@ pub fn active_by_site(
     range: std::ops::Range<usize>,
     points: usize,
     top: usize,
+) -> ActiveBySite {
+    active_by(snapshot, device, replay, range, points, top, Group::Site)
+}
+
+/// The same, grouped as `group` says.
+pub fn active_by(
+    snapshot: &Snapshot,
+    device: &Device,
+    replay: &Replay,
+    range: std::ops::Range<usize>,
+    points: usize,
+    top: usize,
+    group: Group,
 ) -> ActiveBySite {
     let events = snapshot.device_events(device);
     let range = range.start.min(events.len())..range.end.min(events.len());
@@ -53,6 +81,15 @@ pub fn active_by_site(
             }
         })
     };
+    // The series a block belongs to: by call site, or by category (series i is Category::ALL[i]).
+    let mut key = |blk: Option<&BlockRec>, event: usize, stack: StackId, sites: &mut Vec<Option<CallSite>>| match group
+    {
+        Group::Site => site(stack, sites),
+        Group::Category(labels) => {
+            let c = blk.map(|b| labels.of(b)).unwrap_or_else(|| labels.at(event));
+            Category::ALL.iter().position(|x| *x == c).unwrap_or(Category::ALL.len() - 1)
+        }
+    };
     // Live blocks by address: a free's own stack is where it was freed, not allocated.
     let mut live: HashMap<u64, (usize, u64)> = HashMap::new();
     let mut totals: Vec<u64> = Vec::new();
@@ -60,7 +97,7 @@ pub fn active_by_site(
         for b in start_state.block_ids(s) {
             let blk = start_state.block(b);
             if blk.state != BlockState::Inactive {
-                let i = site(blk.stack, &mut sites);
+                let i = key(Some(blk), 0, blk.stack, &mut sites);
                 live.insert(blk.address, (i, blk.size));
                 add(&mut totals, i, blk.size as i64);
             }
@@ -75,7 +112,7 @@ pub fn active_by_site(
         let e = &events[i];
         match e.action {
             Action::ALLOC => {
-                let s = site(e.stack, &mut sites);
+                let s = key(None, i, e.stack, &mut sites);
                 let size = rules.round_size(e.size);
                 if let Some((old, old_size)) = live.insert(e.addr, (s, size)) {
                     add(&mut totals, old, -(old_size as i64));
@@ -95,16 +132,20 @@ pub fn active_by_site(
             next += 1;
         }
     }
-    // The top sites by peak; everything else is `other`.
-    let mut peaks: Vec<(usize, u64)> = (0..sites.len())
-        .map(|s| (s, columns.iter().map(|c| c.get(s).copied().unwrap_or(0)).max().unwrap_or(0)))
-        .collect();
+    // The top sites by peak; everything else is `other`. Categories are few: all are kept.
+    let (groups, top) = match group {
+        Group::Site => (sites.len(), top),
+        Group::Category(_) => (Category::ALL.len(), Category::ALL.len()),
+    };
+    let mut peaks: Vec<(usize, u64)> =
+        (0..groups).map(|s| (s, columns.iter().map(|c| c.get(s).copied().unwrap_or(0)).max().unwrap_or(0))).collect();
     peaks.sort_by_key(|p| std::cmp::Reverse(p.1));
     let kept: Vec<usize> = peaks.iter().filter(|p| p.1 > 0).take(top).map(|p| p.0).collect();
     let series = kept
         .iter()
         .map(|&s| SiteSeries {
-            call_site: sites[s].clone(),
+            call_site: sites.get(s).cloned().flatten(),
+            category: matches!(group, Group::Category(_)).then(|| Category::ALL[s]),
             values: columns.iter().map(|c| c.get(s).copied().unwrap_or(0)).collect(),
         })
         .collect();

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::categories::Category;
 use super::gaps::pinned;
-use crate::replay::{NIL, State};
+use crate::replay::{BlockRec, NIL, State};
 use crate::snapshot::sites::{CallSite, call_site, frames};
 use crate::snapshot::{BlockState, Device, PoolKind, Snapshot, StackId};
 use crate::units::Addr;
@@ -78,6 +79,9 @@ pub struct BlockView {
     /// This live block's share of its segment's pinned free bytes (see `gaps`).
     pub pinned_share: u64,
     pub alloc_event: Option<u64>,
+    /// What a live block holds (see `categories`), where the analysis knows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub category: Option<Category>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -86,7 +90,14 @@ pub struct StackView {
     pub frames: Vec<CallSite>,
 }
 
-pub fn segment_map(snapshot: &Snapshot, device: i64, event: Option<u64>, state: &State) -> SegmentMap {
+/// The map of `state`; `category` tells what a live block holds (None: not known).
+pub fn segment_map(
+    snapshot: &Snapshot,
+    device: i64,
+    event: Option<u64>,
+    state: &State,
+    category: impl Fn(&BlockRec) -> Option<Category>,
+) -> SegmentMap {
     let shares: std::collections::HashMap<u64, u64> = pinned(state, &snapshot.stacks).shares.into_iter().collect();
     let mut stacks = BTreeMap::new();
     let mut segments = Vec::new();
@@ -112,6 +123,7 @@ pub fn segment_map(snapshot: &Snapshot, device: i64, event: Option<u64>, state: 
                     shares.get(&blk.address).copied().unwrap_or(0)
                 },
                 alloc_event: (blk.event != NIL).then_some(blk.event as u64),
+                category: if blk.state == BlockState::Inactive { None } else { category(blk) },
             });
         }
         blocks_total += blocks.len() as u64;

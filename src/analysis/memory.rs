@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::breakdown::{self, Breakdown, Growth, Moment, Step};
-use super::categories::{self, Labels};
+use super::categories::{self, Category, Labels};
 use super::phases::{self, Phase, Phases};
 use super::timeline::Peak;
 use std::rc::Rc;
@@ -63,6 +63,15 @@ impl Index {
 
     pub fn phase_at(&self, event: Option<u64>) -> Phase {
         event.and_then(|e| self.phases.phase.get(e as usize).copied()).unwrap_or(Phase::Other)
+    }
+
+    /// The category of the live block at `address` in the final `segments` (whose blocks do
+    /// not know the event that made them: the replay's end does, where it matches them).
+    pub fn category_at_end(&self, replay: &Replay, address: u64) -> Option<Category> {
+        if !replay.final_mismatches.is_empty() {
+            return None;
+        }
+        replay.end.block_at(address).map(|b| self.labels.of(replay.end.block(b)))
     }
 
     /// The breakdown of `state`, the state right after `event`.

@@ -126,11 +126,13 @@ async fn analyze(
         let mut maps = Vec::new();
         let json = |m: &map::SegmentMap| serde_json::to_vec(m).map_err(|e| e.to_string());
         for (i, d) in snap.devices.iter().enumerate() {
-            let end = map::segment_map(&snap, d.device, None, &crate::replay::final_state(d));
+            let (replay, index) = (&analyzed.replays[i], &analyzed.indexes[i]);
+            let at_end = |b: &crate::replay::BlockRec| index.category_at_end(replay, b.address);
+            let end = map::segment_map(&snap, d.device, None, &crate::replay::final_state(d), at_end);
             maps.push((d.device, None, json(&end)?));
             for oom in &analyzed.analysis.devices[i].ooms {
-                let state = analyzed.replays[i].state_at(&snap, Some(oom.event_index as usize));
-                let m = map::segment_map(&snap, d.device, Some(oom.event_index), &state);
+                let state = replay.state_at(&snap, Some(oom.event_index as usize));
+                let m = map::segment_map(&snap, d.device, Some(oom.event_index), &state, |b| Some(index.labels.of(b)));
                 maps.push((d.device, Some(oom.event_index), json(&m)?));
             }
         }

@@ -79,6 +79,20 @@ function ready() {
 
   const save = () => history.replaceState(null, "", format(state));
 
+  const colourSel = document.getElementById("colour");
+  const categoryLegend = document.getElementById("category-legend");
+  const setColour = (by) => {
+    map.setColourBy(by);
+    colourSel.value = by;
+    categoryLegend.hidden = by !== "category";
+  };
+  setColour(state.colour || "site");
+  colourSel.addEventListener("change", () => {
+    state.colour = colourSel.value === "category" ? "category" : undefined;
+    setColour(colourSel.value);
+    save();
+    loadActive();
+  });
   sortSel.value = state.sort;
   sortSel.addEventListener("change", () => {
     state.sort = sortSel.value;
@@ -205,7 +219,7 @@ function ready() {
     if (!r.ok) return;
     const tl = decodeTimeline(await r.arrayBuffer());
     const dev = analysis.devices.find((d) => d.device === state.device);
-    timeline.setData(tl, dev ? dev.ooms : []);
+    timeline.setData(tl, dev ? dev.ooms : [], dev && dev.steps ? dev.steps : []);
     timeline.setCursor(state.event);
   }
 
@@ -213,7 +227,9 @@ function ready() {
     const canvas = document.getElementById("active");
     const [start, end] = state.range || [0, events()];
     const points = Math.max(50, Math.min(1000, Math.round(canvas.clientWidth / 2)));
-    const r = await fetch(`${api}/devices/${state.device}/active?start=${start}&end=${end}&points=${points}&top=8`);
+    const by = state.colour === "category" ? "category" : "site";
+    document.getElementById("active-by").textContent = by === "category" ? "by what it holds" : "by call site";
+    const r = await fetch(`${api}/devices/${state.device}/active?start=${start}&end=${end}&points=${points}&top=8&by=${by}`);
     if (!r.ok) return;
     drawActive(canvas, document.getElementById("active-legend"), await r.json());
   }

@@ -117,3 +117,14 @@ test("the cursor caption names the event's request, site and tags", () => {
   const bare = { action: "free_completed", size: 512, call_site: null, user_metadata: null, compile_context: null };
   assert.equal(eventLabel(8, 100, bare), "After event 8 of 100: free_completed 512 B");
 });
+
+test("colouring by what blocks hold is kept in the fragment, and every category has its colour", async () => {
+  const { categoryColor, CATEGORY_COLORS } = await import("../../static/js/data/colors.js");
+  const v = { device: 0, event: 7, sort: "address", sel: null, site: null, range: null, colour: "category" };
+  assert.deepEqual(parse(format(v)), v);
+  assert.equal(parse("#c=evil").colour, undefined);
+  const colours = Object.values(CATEGORY_COLORS);
+  assert.equal(new Set(colours).size, 8, "eight distinct colours");
+  assert.equal(categoryColor("activation"), CATEGORY_COLORS.activation);
+  assert.equal(categoryColor(undefined), CATEGORY_COLORS.unknown);
+});

@@ -214,7 +214,14 @@ pub async fn state(
     }
     let body = on_device(&app, &row, device, move |entry, i, d| {
         let state = state_after(entry, i, d, event)?;
-        json_bytes(&map::segment_map(&entry.snapshot, device, event, &state))
+        let (replay, index) = (&entry.replays[i], &entry.indexes[i]);
+        let m = match event {
+            Some(_) => map::segment_map(&entry.snapshot, device, event, &state, |b| Some(index.labels.of(b))),
+            None => {
+                map::segment_map(&entry.snapshot, device, None, &state, |b| index.category_at_end(replay, b.address))
+            }
+        };
+        json_bytes(&m)
     })
     .await?;
     Ok(immutable(&headers, &row, &tag, "application/json", body))
@@ -321,9 +328,12 @@ pub struct ActiveQuery {
     end: Option<usize>,
     points: Option<usize>,
     top: Option<usize>,
+    /// `site` (the default) or `category`.
+    by: Option<String>,
 }
 
-/// Live bytes by call site over events `start..end`, in at most `points` buckets.
+/// Live bytes by call site (or `by=category`) over events `start..end`, in at most `points`
+/// buckets.
 pub async fn active(
     State(app): State<AppState>,
     Path((id, device)): Path<(String, i64)>,
@@ -337,7 +347,12 @@ pub async fn active(
             return Err(ApiError::BadRequest(format!("start {start} is after end {end}")));
         }
         let (points, top) = (q.points.unwrap_or(500).clamp(1, 4000), q.top.unwrap_or(8).clamp(1, 32));
-        Ok(Json(active::active_by_site(&entry.snapshot, d, &entry.replays[i], start..end, points, top)))
+        let group = match q.by.as_deref() {
+            None | Some("site") => active::Group::Site,
+            Some("category") => active::Group::Category(&entry.indexes[i].labels),
+            Some(other) => return Err(ApiError::BadRequest(format!("by must be site or category, got {other:?}"))),
+        };
+        Ok(Json(active::active_by(&entry.snapshot, d, &entry.replays[i], start..end, points, top, group)))
     })
     .await
 }

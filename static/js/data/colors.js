@@ -27,3 +27,20 @@ export function siteColor(key) {
 export function siteKey(cs) {
   return cs ? `${cs.filename}:${cs.line}:${cs.name}` : "";
 }
+
+/** Colours of the categories of memory (the page's legend and panel use the same). */
+export const CATEGORY_COLORS = {
+  parameter: "#3b6fb6",
+  gradient: "#7fa7e0",
+  optimizer_state: "#7b4fa8",
+  activation: "#d9822b",
+  temporary: "#f2c38b",
+  input: "#3d9a6b",
+  other: "#a67c52",
+  unknown: "#6b7380",
+};
+
+/** The colour of a block's category; a block whose category is not known is `unknown`. */
+export function categoryColor(category) {
+  return CATEGORY_COLORS[category] || CATEGORY_COLORS.unknown;
+}

@@ -1,5 +1,6 @@
 // The view's state in the URL fragment, so a share link reopens the same view. Pure: no DOM.
-// Format: #d=DEVICE&e=EVENT&sort=address|size|pinned&sel=0xADDR&site=N&r=START-END
+// Format: #d=DEVICE&e=EVENT&sort=address|size|pinned&sel=0xADDR&site=N&r=START-END&c=category
+// (`c` only when live blocks are coloured by what they hold; by call site is the default).
 
 const SORTS = new Set(["address", "size", "pinned"]);
 
@@ -20,6 +21,7 @@ export function parse(hash) {
   const r = params.get("r");
   const m = r && /^(\d+)-(\d+)$/.exec(r);
   if (m && Number(m[1]) < Number(m[2])) out.range = [Number(m[1]), Number(m[2])];
+  if (params.get("c") === "category") out.colour = "category";
   return out;
 }
 
@@ -31,5 +33,6 @@ export function format(v) {
   if (v.sel) p.set("sel", v.sel);
   if (v.site !== null && v.site !== undefined) p.set("site", String(v.site));
   if (v.range) p.set("r", `${v.range[0]}-${v.range[1]}`);
+  if (v.colour === "category") p.set("c", "category");
   return "#" + p.toString();
 }

@@ -1,9 +1,9 @@
-// The active-memory timeline: live bytes stacked by the call site that allocated them, over
-// events. The server aggregates (a few top call sites and "other"), so three million events
+// The active-memory timeline: live bytes stacked by the call site that allocated them (or by
+// what they hold), over events. The server aggregates (a few top call sites and "other"), so three million events
 // draw as a few hundred columns.
 
 import { fit as fitCanvas } from "./canvas.js";
-import { siteColor, siteKey } from "../data/colors.js";
+import { siteColor, siteKey, categoryColor } from "../data/colors.js";
 import { bytes, site } from "../data/format.js";
 
 export function drawActive(canvas, legend, data) {
@@ -11,8 +11,12 @@ export function drawActive(canvas, legend, data) {
   legend.replaceChildren();
   const n = data.event.length;
   if (n === 0) return;
-  const layers = data.sites.map((s) => ({ values: s.values, color: siteColor(siteKey(s.call_site)), label: site(s.call_site) }));
-  layers.push({ values: data.other, color: "#c3c8d0", label: "other call sites" });
+  const layers = data.sites.map((s) =>
+    s.category
+      ? { values: s.values, color: categoryColor(s.category), label: s.category.replace("_", " ") }
+      : { values: s.values, color: siteColor(siteKey(s.call_site)), label: site(s.call_site) },
+  );
+  if (data.other.some((v) => v > 0)) layers.push({ values: data.other, color: "#c3c8d0", label: "other call sites" });
   let top = 1;
   for (let i = 0; i < n; i++) {
     let sum = 0;

@@ -1,10 +1,11 @@
-// The segment map on a canvas: one row per segment, blocks to scale, coloured by call site;
+// The segment map on a canvas: one row per segment, blocks to scale, coloured by call site or
+// by what they hold;
 // free gaps pinned by live blocks hatched and outlined, the live blocks that pin them outlined.
 // Only visible rows are drawn, and a row never needs more shapes than it has pixels.
 
 import { fit as fitCanvas } from "./canvas.js";
 import { LABEL, ROW, BAR, order, fit, runs, hit, rowAt, zoom } from "../data/layout.js";
-import { FREE, PINNED, PENDING, siteColor, siteKey } from "../data/colors.js";
+import { FREE, PINNED, PENDING, siteColor, siteKey, categoryColor } from "../data/colors.js";
 import { bytes, site } from "../data/format.js";
 
 export class SegMap {
@@ -17,6 +18,8 @@ export class SegMap {
     this.sort = "address";
     this.sel = null;
     this.site = null;
+    /** `site` (a colour per call site) or `category` (a colour per what a block holds). */
+    this.colourBy = "site";
     this.view = { x0: 0, bpp: 1, y0: 0 };
     this.fitted = false;
     this.rows = [];
@@ -45,6 +48,11 @@ export class SegMap {
     this.fitted = true;
   }
 
+  setColourBy(by) {
+    this.colourBy = by === "category" ? "category" : "site";
+    this.draw();
+  }
+
   highlight(siteKeyOrNull) {
     this.site = siteKeyOrNull;
     this.draw();
@@ -68,6 +76,7 @@ export class SegMap {
     if (run.kind === "pending") return PENDING;
     if (run.kind === "pinned") return this.hatch;
     if (run.block < 0) return "#55606e";
+    if (this.colourBy === "category") return categoryColor(seg.blocks[run.block].category);
     const st = this.stackOf(seg.blocks[run.block]);
     return siteColor(siteKey(st && st.call_site));
   }

@@ -1,5 +1,6 @@
 // The memory timeline on a canvas: reserved, allocated, active and pinned bytes over events
-// (min-max bands from the server's buckets), OOM markers, segment creations, and a cursor that
+// (min-max bands from the server's buckets), OOM markers, step boundaries, segment creations,
+// and a cursor that
 // is dragged or stepped with the arrow keys. Shift-drag selects a range to zoom into.
 
 import { fit as fitCanvas } from "./canvas.js";
@@ -16,14 +17,16 @@ export class Timeline {
     this.onRange = onRange;
     this.tl = null;
     this.ooms = [];
+    this.steps = [];
     this.cursor = 0;
     this.brush = null;
     this.bind();
   }
 
-  setData(tl, ooms) {
+  setData(tl, ooms, steps = []) {
     this.tl = tl;
     this.ooms = ooms;
+    this.steps = steps;
     this.draw();
   }
 
@@ -69,9 +72,26 @@ export class Timeline {
     }
     ctx.fillStyle = "#556";
     for (const i of growth(tl)) ctx.fillRect(PAD.l + i * step, PAD.t - 8, 1, 5);
+    // Step boundaries: a dotted line where each training step begins, labelled while there is room.
+    ctx.font = "11px system-ui, sans-serif";
+    const shown = this.steps.filter((s) => s.first_event > tl.start && s.first_event < tl.end);
+    const room = shown.length * 28 < w - PAD.l - PAD.r;
+    ctx.strokeStyle = "#8a919c";
+    ctx.fillStyle = "#667";
+    ctx.setLineDash([2, 3]);
+    for (const s of shown) {
+      const x = Math.round(this.xOf(s.first_event)) + 0.5;
+      ctx.beginPath();
+      ctx.moveTo(x, PAD.t);
+      ctx.lineTo(x, h - PAD.b);
+      ctx.stroke();
+      if (room) ctx.fillText(`s${s.index}`, x + 2, h - PAD.b - 3);
+    }
+    ctx.setLineDash([]);
+    // What the browser tests read: where the step lines were drawn.
+    this.canvas.dataset.steps = String(shown.length);
     ctx.strokeStyle = "#b3261e";
     ctx.fillStyle = "#b3261e";
-    ctx.font = "11px system-ui, sans-serif";
     for (const o of this.ooms) {
       if (o.event_index < tl.start || o.event_index >= tl.end) continue;
       const x = this.xOf(o.event_index);
