@@ -142,6 +142,10 @@ pub struct Fit {
     pub predicted_peak_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub budget_bytes: Option<u64>,
+    /// The prediction comes from replaying the trace through the allocator model with the
+    /// remedy applied (else from arithmetic on what filled memory).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub simulated: Option<bool>,
 }
 
 /// Everything the diagnosis weighs.

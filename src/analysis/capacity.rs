@@ -4,8 +4,7 @@
 //!
 //! Both are reckoned in reserved bytes, as the budget is: at an OOM the need is what was
 //! reserved plus the segment the allocator then asked for, and the budget `--capacity` or else
-//! what was reserved (the limit the job had is at least that: so a remedy must save at least
-//! the failing segment); at a peak the need is the peak of reserved bytes. A remedy saves bytes
+//! the most the process ever held reserved (the limit the job had is at least that); at a peak the need is the peak of reserved bytes. A remedy saves bytes
 //! of the categories it acts on; its predicted peak is the need less those savings, which
 //! assumes the allocator's cached slack stays as it was (pessimistic). It fixes an OOM when that
 //! fits the budget, and a near miss when it is back under [`HEADROOM`] of it. The factors are
@@ -100,6 +99,7 @@ pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
                 saves_bytes: Some(saves),
                 predicted_peak_bytes: Some(peak),
                 budget_bytes: Some(budget),
+                simulated: None,
             },
             ..Remedy::new(kind, true, code, why)
         });
@@ -195,4 +195,81 @@ pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
         )
     });
     (out, note)
+}
+
+/// What the allocator model needs to replay the trace with a remedy's blocks made smaller.
+pub struct Replaying<'a> {
+    pub snapshot: &'a crate::snapshot::Snapshot,
+    pub device: &'a crate::snapshot::Device,
+    pub index: &'a super::memory::Index,
+    /// Blocks alive before the trace, with their categories.
+    pub before: Vec<(u64, Category)>,
+}
+
+/// How much of a category's requests a remedy keeps (percent), and of an OOM's request.
+fn keeps(kind: RemedyKind, request_phase: Option<Phase>) -> Option<(fn(Category) -> u8, u8)> {
+    let batch = matches!(request_phase, Some(Phase::Forward | Phase::Backward));
+    Some(match kind {
+        RemedyKind::SmallerBatch => (
+            |c| if matches!(c, Category::Activation | Category::Temporary | Category::Input) { 50 } else { 100 },
+            if batch { 50 } else { 100 },
+        ),
+        RemedyKind::ActivationCheckpointing => (|c| if c == Category::Activation { 50 } else { 100 }, 100),
+        RemedyKind::ShardOptimizerState => (|c| if c == Category::OptimizerState { 13 } else { 100 }, 100),
+        RemedyKind::LighterOptimizer => (|c| if c == Category::OptimizerState { 25 } else { 100 }, 100),
+        _ => return None,
+    })
+}
+
+/// Replays the trace through the allocator model with each remedy's blocks made smaller, under
+/// the limit the remedies are judged by, and puts what it predicts in place of the arithmetic:
+/// the model sees where the smaller blocks land and what the allocator's caching then holds.
+/// Only where the model, replaying the run unchanged, runs out of memory where the real run
+/// did (at an OOM), or stays under the limit (at a near miss): else its word is not better
+/// than the arithmetic, which stays.
+pub fn refine(r: &Replaying, f: &Facts, remedies: &mut [Remedy]) {
+    use crate::simulate::{Settings, Shrink, simulate};
+    use std::sync::Arc;
+    let limit = if f.request.is_some() { f.budget } else { (f.budget as f64 * HEADROOM) as u64 };
+    let baseline = Settings { capacity: Some(limit), ..Default::default() };
+    let Ok(unchanged) = simulate(r.snapshot, r.device, &baseline) else { return };
+    let events = r.snapshot.device_events(r.device);
+    let oom_at = events.iter().rposition(|e| e.action == crate::snapshot::Action::OOM);
+    let faithful = match (f.request.is_some(), &unchanged.oom) {
+        (true, Some(o)) => Some(o.event_index as usize) == oom_at,
+        (false, None) => true,
+        _ => false,
+    };
+    if !faithful {
+        return;
+    }
+    for remedy in remedies.iter_mut() {
+        let Some((keep, keep_request)) = keeps(remedy.kind, f.request.as_ref().map(|q| q.phase)) else { continue };
+        let mut shrink = Shrink { events: vec![100; events.len()], ..Default::default() };
+        for (i, e) in events.iter().enumerate() {
+            match e.action {
+                crate::snapshot::Action::ALLOC => shrink.events[i] = keep(r.index.labels.at(i)),
+                crate::snapshot::Action::OOM => shrink.events[i] = keep_request,
+                _ => {}
+            }
+        }
+        shrink.before = r.before.iter().map(|(a, c)| (*a, keep(*c))).filter(|(_, k)| *k < 100).collect();
+        let settings = Settings { capacity: Some(limit), shrink: Some(Arc::new(shrink)), ..Default::default() };
+        let Ok(o) = simulate(r.snapshot, r.device, &settings) else { continue };
+        remedy.fit.predicted_peak_bytes = Some(o.peak_reserved_bytes);
+        remedy.fit.simulated = Some(true);
+        remedy.fit.effect = Some(if o.oom.is_none() { Effect::Fixes } else { Effect::Helps });
+        remedy.predicted = Some(match &o.oom {
+            None => format!(
+                "no OOM within {} through the trace's end, peak {} reserved (replayed through the allocator model)",
+                bytes(limit),
+                bytes(o.peak_reserved_bytes)
+            ),
+            Some(x) => format!(
+                "still out of memory within {}, at event {} (replayed through the allocator model)",
+                bytes(limit),
+                x.event_index
+            ),
+        });
+    }
 }

@@ -237,8 +237,16 @@ fn analyze_device(
     let capture = pass.capture.take().unwrap_or_else(|| memory::Capture::new(&initial, false));
     let memory = memory::memory(snapshot, d, &replay, &index, &capture, &peak, steps);
     drop(capture);
+    let before: Vec<(u64, categories::Category)> = initial
+        .segment_ids()
+        .flat_map(|s| initial.block_ids(s).collect::<Vec<_>>())
+        .map(|b| initial.block(b))
+        .filter(|b| b.state != crate::snapshot::BlockState::Inactive)
+        .map(|b| (b.address, index.labels.of(b)))
+        .collect();
+    let replaying = capacity::Replaying { snapshot, device: d, index: &index, before };
     let reserved = peak.reserved_bytes;
-    explain_capacity(snapshot, events, &pass.ooms.ooms, &index, &memory, options.capacity, reserved, &mut diagnosis);
+    explain_capacity(&replaying, &pass.ooms.ooms, &memory, options.capacity, reserved, &mut diagnosis);
     let analysis = DeviceAnalysis {
         device: d.device,
         final_state,
@@ -264,16 +272,16 @@ fn analyze_device(
 /// For a capacity OOM, or a peak close to `capacity`: what filled memory, in the summary, and
 /// the remedies that would make the run fit, with their numbers.
 fn explain_capacity(
-    snapshot: &Snapshot,
-    events: &[Event],
+    replaying: &capacity::Replaying,
     ooms: &[Oom],
-    index: &memory::Index,
     memory: &memory::Memory,
     capacity: Option<u64>,
     peak_reserved: u64,
     diagnosis: &mut Diagnosis,
 ) {
     use breakdown::Moment;
+    let (snapshot, index) = (replaying.snapshot, replaying.index);
+    let events = snapshot.device_events(replaying.device);
     let find = |m: Moment, e: Option<u64>| memory.breakdown.iter().find(|b| b.moment == m && b.event_index == e);
     let (at, facts) = match ooms.first() {
         Some(oom) if oom.verdict == oom::Verdict::Capacity => {
@@ -284,7 +292,8 @@ fn explain_capacity(
                 is_loss: capacity::loss_sized(snapshot, events, &index.phases, oom.requested_bytes),
             };
             let need = oom.reserved_bytes + oom.allocation_bytes;
-            let budget = capacity.unwrap_or(oom.reserved_bytes);
+            // The limit is at least the most the process ever held reserved.
+            let budget = capacity.unwrap_or(oom.reserved_bytes.max(peak_reserved));
             (at, capacity::Facts { at, growth: &memory.growth, need, budget, request: Some(request) })
         }
         Some(_) => return,
@@ -322,7 +331,8 @@ fn explain_capacity(
         crate::units::bytes(at.allocated_bytes),
         parts.join(", ")
     ));
-    let (remedies, note) = capacity::remedies(&facts);
+    let (mut remedies, note) = capacity::remedies(&facts);
+    capacity::refine(replaying, &facts, &mut remedies);
     diagnosis.remedies.extend(remedies);
     if let Some(note) = note {
         diagnosis.summary.push(' ');

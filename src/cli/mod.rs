@@ -86,7 +86,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Err(e) => fail(&file, e),
         },
         Command::Simulate { file, device, conf, mempool, reuse, capacity, json } => {
-            let settings = crate::simulate::Settings { conf, capacity, mempool, reuse };
+            let settings = crate::simulate::Settings { conf, capacity, mempool, reuse, shrink: None };
             match simulate(&file, device, &settings, json) {
                 Ok(Ok(())) => ExitCode::SUCCESS,
                 Ok(Err(usage)) => {

@@ -33,6 +33,22 @@ pub struct Settings {
     pub mempool: Option<String>,
     /// Call site whose allocations reuse preallocated buffers.
     pub reuse: Option<String>,
+    /// Requests made smaller, as a remedy for capacity would make them (see [`Shrink`]).
+    pub shrink: Option<std::sync::Arc<Shrink>>,
+}
+
+/// How much of each request to keep, in percent: by device event (its `alloc`, or the request
+/// of an `oom`), and for blocks alive before the trace, by address. 100 where not listed.
+#[derive(Debug, Clone, Default)]
+pub struct Shrink {
+    pub events: Vec<u8>,
+    pub before: HashMap<u64, u8>,
+}
+
+impl Shrink {
+    fn apply(size: u64, keep: u8) -> u64 {
+        if keep >= 100 { size } else { (size * keep as u64 / 100).max(1) }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -124,6 +140,7 @@ struct Sim<'a> {
     reuse: Option<Reuse>,
     oom: Option<SimOom>,
     replayed: u64,
+    shrink: Option<std::sync::Arc<Shrink>>,
 }
 
 struct Reuse {
@@ -244,7 +261,8 @@ impl Observer for Sim<'_> {
                 let blk = initial.block(b);
                 if blk.state != BlockState::Inactive {
                     let pool = self.pool_of(initial, blk.address);
-                    let size = blk.size;
+                    let keep = self.shrink.as_ref().and_then(|s| s.before.get(&blk.address).copied()).unwrap_or(100);
+                    let size = Shrink::apply(blk.size, keep);
                     let stream = initial.segment(s).stream;
                     self.request(0, Some(blk.address), size, stream, blk.stack, pool);
                 }
@@ -265,13 +283,18 @@ impl Observer for Sim<'_> {
 }
 
 impl Sim<'_> {
+    fn shrunk(&self, index: usize, size: u64) -> u64 {
+        let keep = self.shrink.as_ref().and_then(|s| s.events.get(index).copied()).unwrap_or(100);
+        Shrink::apply(size, keep)
+    }
+
     fn event_inner(&mut self, index: usize, e: &Event, state: &State) {
         match e.action {
             Action::ALLOC => {
                 let pool = self.pool_of(state, e.addr);
-                self.request(index, Some(e.addr), e.size, e.stream, e.stack, pool);
+                self.request(index, Some(e.addr), self.shrunk(index, e.size), e.stream, e.stack, pool);
             }
-            Action::OOM => self.request(index, None, e.size, e.stream, e.stack, 0),
+            Action::OOM => self.request(index, None, self.shrunk(index, e.size), e.stream, e.stack, 0),
             Action::FREE_COMPLETED => self.release(e.addr),
             Action::SEGMENT_FREE | Action::SEGMENT_UNMAP if self.user_release(index, e) => self.alloc.release_cached(),
             _ => {}
@@ -320,6 +343,7 @@ pub fn simulate(snapshot: &Snapshot, device: &Device, settings: &Settings) -> Re
         reuse,
         oom: None,
         replayed: 0,
+        shrink: settings.shrink.clone(),
     };
     Replay::run_with(snapshot, device, &mut sim, false);
     Ok(Outcome {
@@ -358,6 +382,7 @@ pub fn simulate_traced(snapshot: &Snapshot, device: &Device, settings: &Settings
         reuse: None,
         oom: None,
         replayed: 0,
+        shrink: settings.shrink.clone(),
     };
     Replay::run_with(snapshot, device, &mut sim, false);
     sim.trace.unwrap_or_default()

@@ -377,8 +377,13 @@ pub async fn simulate(
         None => None,
     };
     let nonempty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
-    let settings =
-        crate::simulate::Settings { conf: q.conf, capacity, mempool: nonempty(q.mempool), reuse: nonempty(q.reuse) };
+    let settings = crate::simulate::Settings {
+        conf: q.conf,
+        capacity,
+        mempool: nonempty(q.mempool),
+        reuse: nonempty(q.reuse),
+        shrink: None,
+    };
     // A simulation is as heavy as an analysis: it takes an analysis slot.
     let _slot = app.service.worker.slots.acquire().await.map_err(|e| ApiError::Internal(e.to_string()))?;
     on_device(&app, &row, device, move |entry, _, d| {
