@@ -273,3 +273,74 @@ pub fn refine(r: &Replaying, f: &Facts, remedies: &mut [Remedy]) {
         });
     }
 }
+
+/// For a capacity OOM, or a peak close to `capacity`: what filled memory, in the summary, and
+/// the remedies that would make the run fit, with their numbers.
+pub fn explain(
+    replaying: &Replaying,
+    ooms: &[super::oom::Oom],
+    memory: &super::memory::Memory,
+    capacity: Option<u64>,
+    peak_reserved: u64,
+    diagnosis: &mut super::advice::Diagnosis,
+) {
+    use super::breakdown::Moment;
+    let (snapshot, index) = (replaying.snapshot, replaying.index);
+    let events = snapshot.device_events(replaying.device);
+    let find = |m: Moment, e: Option<u64>| memory.breakdown.iter().find(|b| b.moment == m && b.event_index == e);
+    let (at, facts) = match ooms.first() {
+        Some(oom) if oom.verdict == super::oom::Verdict::Capacity => {
+            let Some(at) = find(Moment::Oom, Some(oom.event_index)) else { return };
+            let request = Request {
+                bytes: oom.requested_bytes,
+                phase: index.phase_at(Some(oom.event_index)),
+                is_loss: loss_sized(snapshot, events, &index.phases, oom.requested_bytes),
+            };
+            let need = oom.reserved_bytes + oom.allocation_bytes;
+            // The limit is at least the most the process ever held reserved.
+            let budget = capacity.unwrap_or(oom.reserved_bytes.max(peak_reserved));
+            (at, Facts { at, growth: &memory.growth, need, budget, request: Some(request) })
+        }
+        Some(_) => return,
+        None => {
+            let Some(budget) = capacity else { return };
+            let Some(at) = memory.breakdown.iter().find(|b| b.moment == Moment::Peak) else { return };
+            if (peak_reserved as f64) < budget as f64 * HEADROOM {
+                return;
+            }
+            let share = 100.0 * peak_reserved as f64 / budget.max(1) as f64;
+            let verdict = if peak_reserved > budget {
+                "more than the budget: under it, this run would run out of memory"
+            } else {
+                "too close for comfort"
+            };
+            diagnosis.summary.push_str(&format!(
+                " The peak, {} reserved, is {share:.0}% of the {} budget: {verdict}.",
+                crate::units::bytes(peak_reserved),
+                crate::units::bytes(budget)
+            ));
+            (at, Facts { at, growth: &memory.growth, need: peak_reserved, budget, request: None })
+        }
+    };
+    let mut top: Vec<_> = at.categories.iter().filter(|(_, b)| **b > 0).collect();
+    top.sort_by(|a, b| b.1.cmp(a.1));
+    let parts: Vec<String> = top
+        .iter()
+        .take(3)
+        .map(|(c, b)| format!("{} {}", crate::units::bytes(**b), c.as_str().replace('_', " ")))
+        .collect();
+    diagnosis.summary.push_str(&format!(
+        " At the {} ({} phase) the {} allocated was mostly {}.",
+        if facts.request.is_some() { "OOM" } else { "peak" },
+        serde_json::to_value(at.phase).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
+        crate::units::bytes(at.allocated_bytes),
+        parts.join(", ")
+    ));
+    let (mut remedies, note) = remedies(&facts);
+    refine(replaying, &facts, &mut remedies);
+    diagnosis.remedies.extend(remedies);
+    if let Some(note) = note {
+        diagnosis.summary.push(' ');
+        diagnosis.summary.push_str(&note);
+    }
+}

@@ -27,6 +27,7 @@ pub mod map;
 pub mod memory;
 pub mod oom;
 pub mod phases;
+mod predict;
 pub mod rhythm;
 pub mod timeline;
 
@@ -40,7 +41,7 @@ use serde::{Deserialize, Serialize};
 use crate::replay::{self, Observer, Replay, State};
 use crate::snapshot::sites::{self, call_site};
 use crate::snapshot::{Action, Device, Event, Snapshot, Source, StackId};
-use advice::{Diagnosis, Effect, RemedyKind};
+use advice::Diagnosis;
 use gaps::{Gap, PinnedSummary, Pinner};
 use oom::{Oom, OomObserver};
 use rhythm::Rhythm;
@@ -231,7 +232,7 @@ fn analyze_device(
         big: big.clone(),
         big_repeats,
     });
-    predict(snapshot, d, &pass.ooms.ooms, peak.reserved_bytes, &mut diagnosis);
+    predict::predict(snapshot, d, &pass.ooms.ooms, peak.reserved_bytes, &mut diagnosis);
     let steps = std::mem::take(&mut pass.steps.steps);
     let index = memory::Index::build(snapshot, d, std::mem::take(&mut pass.phases), &initial, freed);
     let capture = pass.capture.take().unwrap_or_else(|| memory::Capture::new(&initial, false));
@@ -246,7 +247,7 @@ fn analyze_device(
         .collect();
     let replaying = capacity::Replaying { snapshot, device: d, index: &index, before };
     let reserved = peak.reserved_bytes;
-    explain_capacity(&replaying, &pass.ooms.ooms, &memory, options.capacity, reserved, &mut diagnosis);
+    capacity::explain(&replaying, &pass.ooms.ooms, &memory, options.capacity, reserved, &mut diagnosis);
     let analysis = DeviceAnalysis {
         device: d.device,
         final_state,
@@ -269,77 +270,6 @@ fn analyze_device(
     (analysis, replay, pass.timeline, index)
 }
 
-/// For a capacity OOM, or a peak close to `capacity`: what filled memory, in the summary, and
-/// the remedies that would make the run fit, with their numbers.
-fn explain_capacity(
-    replaying: &capacity::Replaying,
-    ooms: &[Oom],
-    memory: &memory::Memory,
-    capacity: Option<u64>,
-    peak_reserved: u64,
-    diagnosis: &mut Diagnosis,
-) {
-    use breakdown::Moment;
-    let (snapshot, index) = (replaying.snapshot, replaying.index);
-    let events = snapshot.device_events(replaying.device);
-    let find = |m: Moment, e: Option<u64>| memory.breakdown.iter().find(|b| b.moment == m && b.event_index == e);
-    let (at, facts) = match ooms.first() {
-        Some(oom) if oom.verdict == oom::Verdict::Capacity => {
-            let Some(at) = find(Moment::Oom, Some(oom.event_index)) else { return };
-            let request = capacity::Request {
-                bytes: oom.requested_bytes,
-                phase: index.phase_at(Some(oom.event_index)),
-                is_loss: capacity::loss_sized(snapshot, events, &index.phases, oom.requested_bytes),
-            };
-            let need = oom.reserved_bytes + oom.allocation_bytes;
-            // The limit is at least the most the process ever held reserved.
-            let budget = capacity.unwrap_or(oom.reserved_bytes.max(peak_reserved));
-            (at, capacity::Facts { at, growth: &memory.growth, need, budget, request: Some(request) })
-        }
-        Some(_) => return,
-        None => {
-            let Some(budget) = capacity else { return };
-            let Some(at) = memory.breakdown.iter().find(|b| b.moment == Moment::Peak) else { return };
-            if (peak_reserved as f64) < budget as f64 * capacity::HEADROOM {
-                return;
-            }
-            let share = 100.0 * peak_reserved as f64 / budget.max(1) as f64;
-            let verdict = if peak_reserved > budget {
-                "more than the budget: under it, this run would run out of memory"
-            } else {
-                "too close for comfort"
-            };
-            diagnosis.summary.push_str(&format!(
-                " The peak, {} reserved, is {share:.0}% of the {} budget: {verdict}.",
-                crate::units::bytes(peak_reserved),
-                crate::units::bytes(budget)
-            ));
-            (at, capacity::Facts { at, growth: &memory.growth, need: peak_reserved, budget, request: None })
-        }
-    };
-    let mut top: Vec<_> = at.categories.iter().filter(|(_, b)| **b > 0).collect();
-    top.sort_by(|a, b| b.1.cmp(a.1));
-    let parts: Vec<String> = top
-        .iter()
-        .take(3)
-        .map(|(c, b)| format!("{} {}", crate::units::bytes(**b), c.as_str().replace('_', " ")))
-        .collect();
-    diagnosis.summary.push_str(&format!(
-        " At the {} ({} phase) the {} allocated was mostly {}.",
-        if facts.request.is_some() { "OOM" } else { "peak" },
-        serde_json::to_value(at.phase).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
-        crate::units::bytes(at.allocated_bytes),
-        parts.join(", ")
-    ));
-    let (mut remedies, note) = capacity::remedies(&facts);
-    capacity::refine(replaying, &facts, &mut remedies);
-    diagnosis.remedies.extend(remedies);
-    if let Some(note) = note {
-        diagnosis.summary.push(' ');
-        diagnosis.summary.push_str(&note);
-    }
-}
-
 /// How many times `site` allocated `size` bytes (rounded) in the trace.
 fn repeats(snapshot: &Snapshot, events: &[Event], rules: &replay::Rules, site: &sites::CallSite, size: u64) -> u64 {
     let mut at_site: HashMap<StackId, bool> = HashMap::new();
@@ -350,55 +280,6 @@ fn repeats(snapshot: &Snapshot, events: &[Event], rules: &replay::Rules, site: &
             *at_site.entry(e.stack).or_insert_with(|| call_site(&snapshot.stacks, e.stack).as_ref() == Some(site))
         })
         .count() as u64
-}
-
-/// Runs each applicable remedy through the allocator model and says what it predicts. For a
-/// run that ran out of memory, within the budget the job had (the memory reserved at its first
-/// OOM: the real limit is at least that); otherwise without a budget, as a peak to compare
-/// with the real one.
-fn predict(snapshot: &Snapshot, d: &Device, ooms: &[Oom], real_peak: u64, diagnosis: &mut Diagnosis) {
-    let budget = ooms.first().map(|o| o.reserved_bytes);
-    for r in diagnosis.remedies.iter_mut() {
-        if !r.applies {
-            r.fit.effect.get_or_insert(Effect::DoesNotApply);
-            continue;
-        }
-        let settings = match r.kind {
-            RemedyKind::ExpandableSegments | RemedyKind::MaxSplitSize => {
-                let conf = r.setting_or_code.trim_start_matches("PYTORCH_CUDA_ALLOC_CONF=").to_string();
-                crate::simulate::Settings { conf: Some(conf), capacity: budget, ..Default::default() }
-            }
-            RemedyKind::Mempool => {
-                crate::simulate::Settings { capacity: budget, mempool: r.site.clone(), ..Default::default() }
-            }
-            RemedyKind::ReuseBuffer => {
-                crate::simulate::Settings { capacity: budget, reuse: r.site.clone(), ..Default::default() }
-            }
-            // Capacity remedies carry their own numbers (see `capacity`).
-            _ => continue,
-        };
-        let Ok(o) = crate::simulate::simulate(snapshot, d, &settings) else { continue };
-        let peak = crate::units::bytes(o.peak_reserved_bytes);
-        r.fit.predicted_peak_bytes = Some(o.peak_reserved_bytes);
-        r.fit.budget_bytes = budget;
-        r.fit.effect = Some(match (budget, &o.oom) {
-            (Some(_), None) => Effect::Fixes,
-            (Some(_), Some(_)) => Effect::Helps,
-            (None, _) if o.peak_reserved_bytes > real_peak => Effect::DoesNotApply,
-            (None, _) => Effect::Fixes,
-        });
-        r.predicted = Some(match (budget, o.oom) {
-            (Some(b), None) => format!("no OOM within the same {}, peak {peak}", crate::units::bytes(b)),
-            (Some(_), Some(x)) => format!("still out of memory, at event {}", x.event_index),
-            (None, _) if o.peak_reserved_bytes > real_peak => {
-                format!(
-                    "peak {peak} reserved, more than the real {}: it would cost more than it saves here",
-                    crate::units::bytes(real_peak)
-                )
-            }
-            (None, _) => format!("peak {peak} reserved (really {})", crate::units::bytes(real_peak)),
-        });
-    }
 }
 
 /// The big allocations to act on: the failing request if the job ran out of memory, else the
