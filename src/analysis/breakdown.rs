@@ -179,7 +179,8 @@ pub fn growth(
     }
     let mut sites = SiteCache::default();
     // (call site, category) -> (bytes by step seen, bytes, blocks, first event)
-    let mut groups: HashMap<(Option<CallSite>, Category), (Vec<(u32, u64)>, u64, u64, u64)> = HashMap::new();
+    type Group = (Vec<(u32, u64)>, u64, u64, u64);
+    let mut groups: HashMap<(Option<CallSite>, Category), Group> = HashMap::new();
     for (i, e) in events.iter().enumerate() {
         let c = labels.at(i);
         if e.action != Action::ALLOC

@@ -184,7 +184,7 @@ pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
             format!("The failing request ({}) is the loss's: the logits upcast whole. In 8 chunks only an eighth is alive at once.", bytes(r.bytes)),
         );
     }
-    out.sort_by(|a, b| b.fit.saves_bytes.cmp(&a.fit.saves_bytes));
+    out.sort_by_key(|r| std::cmp::Reverse(r.fit.saves_bytes));
     let none = !out.iter().any(|r| r.fit.effect == Some(Effect::Fixes));
     let note = none.then(|| {
         format!(
@@ -206,8 +206,11 @@ pub struct Replaying<'a> {
     pub before: Vec<(u64, Category)>,
 }
 
+/// Percent of a category's requests a remedy keeps.
+type Keep = fn(Category) -> u8;
+
 /// How much of a category's requests a remedy keeps (percent), and of an OOM's request.
-fn keeps(kind: RemedyKind, request_phase: Option<Phase>) -> Option<(fn(Category) -> u8, u8)> {
+fn keeps(kind: RemedyKind, request_phase: Option<Phase>) -> Option<(Keep, u8)> {
     let batch = matches!(request_phase, Some(Phase::Forward | Phase::Backward));
     Some(match kind {
         RemedyKind::SmallerBatch => (

@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use axum::extract::Path;
+use super::extract::Path;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};

@@ -1,6 +1,9 @@
 //! Our extractors: axum's, with rejections answered in our error format (`{error, detail}`)
 //! rather than plain text. Handlers use these, never axum's own `Path` and `Query`.
 
+// The one place axum's own extractors are used: wrapped (clippy.toml forbids them elsewhere).
+#![allow(clippy::disallowed_types)]
+
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
