@@ -11,6 +11,11 @@ use super::memo::{MEMO_PAYLOAD, Memo};
 use super::value::{Heap, Kind, Value};
 use super::{Limits, Parsed, Sink};
 
+mod dispatch;
+mod opcodes;
+
+use opcodes as op;
+
 type Res<T, E> = Result<T, Failure<E>>;
 
 /// Python's pickler writes APPENDS and SETITEMS in batches of this many values or pairs.
@@ -18,29 +23,7 @@ const PY_BATCH: usize = 1000;
 /// Containers larger than this are never offered to the sink for folding.
 const FOLD_MAX_ITEMS: usize = 4096;
 
-/// Opcodes that would run code or reach outside the data; named for the error message.
-fn refused_name(op: u8) -> Option<&'static str> {
-    Some(match op {
-        b'c' => "GLOBAL",
-        0x93 => "STACK_GLOBAL",
-        b'R' => "REDUCE",
-        b'b' => "BUILD",
-        0x81 => "NEWOBJ",
-        0x92 => "NEWOBJ_EX",
-        b'i' => "INST",
-        b'o' => "OBJ",
-        b'P' => "PERSID",
-        b'Q' => "BINPERSID",
-        0x82 => "EXT1",
-        0x83 => "EXT2",
-        0x84 => "EXT4",
-        0x97 => "NEXT_BUFFER",
-        0x98 => "READONLY_BUFFER",
-        _ => return None,
-    })
-}
-
-struct Vm<'a, R, S> {
+pub(super) struct Vm<'a, R, S> {
     input: Input<R>,
     limits: &'a Limits,
     sink: &'a mut S,
@@ -298,10 +281,14 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
     #[inline(always)]
     fn memo_get_run(&mut self, mut op: u8) -> Res<(), S::Error> {
         loop {
-            let i = if op == b'h' { self.input.byte()? as u64 } else { u32::from_le_bytes(self.input.array()?) as u64 };
+            let i = if op == op::BINGET {
+                self.input.byte()? as u64
+            } else {
+                u32::from_le_bytes(self.input.array()?) as u64
+            };
             self.memo_get(i)?;
             match self.input.peek() {
-                Some(next @ (b'h' | b'j')) => {
+                Some(next @ (op::BINGET | op::LONG_BINGET)) => {
                     self.at = self.input.offset();
                     self.input.skip(1);
                     op = next;
@@ -371,7 +358,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
     /// same 16 bytes stalls).
     #[inline(always)]
     fn fused_memoize(&mut self, v: Value) -> Res<(), S::Error> {
-        if self.input.peek() == Some(0x94) {
+        if self.input.peek() == Some(op::MEMOIZE) {
             self.at = self.input.offset();
             self.input.skip(1);
             self.memo_store(self.memo.slots.len() as u64, v)?;
@@ -383,213 +370,10 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
     #[inline(always)]
     fn fused_memoize_mark(&mut self, v: Value) -> Res<(), S::Error> {
         self.fused_memoize(v)?;
-        if self.input.peek() == Some(b'(') && (self.marks.len() as u64) < self.limits.max_marks {
+        if self.input.peek() == Some(op::MARK) && (self.marks.len() as u64) < self.limits.max_marks {
             self.input.skip(1);
             self.marks.push(self.stack.len());
         }
         Ok(())
-    }
-
-    fn run(&mut self) -> Res<Value, S::Error> {
-        loop {
-            self.at = self.input.offset();
-            let Some(op) = self.input.next_byte()? else {
-                return self.err(ErrorKind::NoStop);
-            };
-            match op {
-                0x80 => {
-                    let p = self.input.byte()?;
-                    if p > 5 {
-                        return self.err(ErrorKind::UnsupportedProtocol(p));
-                    }
-                    self.protocol = Some(p);
-                }
-                0x95 => {
-                    // FRAME: a length hint for buffering; the input is buffered anyway.
-                    self.input.array::<8>()?;
-                }
-                b'.' => {
-                    if !self.marks.is_empty() || self.stack.len() != 1 {
-                        return self.err(ErrorKind::StackUnderflow { opcode: "STOP" });
-                    }
-                    return self.pop("STOP");
-                }
-                b'(' => {
-                    if self.marks.len() as u64 >= self.limits.max_marks {
-                        return self.limit("open MARKs", self.limits.max_marks);
-                    }
-                    self.marks.push(self.stack.len());
-                }
-                b'0' => {
-                    self.pop("POP")?;
-                }
-                b'1' => {
-                    let mark = self.pop_mark("POP_MARK")?;
-                    self.stack.truncate(mark);
-                }
-                b'2' => {
-                    let v = self.top("DUP")?;
-                    self.push(v)?;
-                }
-                b'N' => self.push(Value::None)?,
-                0x88 => self.push(Value::Bool(true))?,
-                0x89 => self.push(Value::Bool(false))?,
-                b'J' => {
-                    let v = i32::from_le_bytes(self.input.array()?);
-                    self.push(Value::Int(v as i64))?;
-                }
-                b'K' => {
-                    let v = self.input.byte()?;
-                    self.push(Value::Int(v as i64))?;
-                }
-                b'M' => {
-                    let v = u16::from_le_bytes(self.input.array()?);
-                    self.push(Value::Int(v as i64))?;
-                }
-                0x8a => {
-                    let n = self.input.byte()? as u64;
-                    self.long(n)?;
-                }
-                0x8b => {
-                    let n = u32::from_le_bytes(self.input.array()?) as u64;
-                    self.long(n)?;
-                }
-                b'G' => {
-                    let v = f64::from_be_bytes(self.input.array()?);
-                    self.push(Value::Float(v))?;
-                }
-                b'I' | b'L' | b'F' => {
-                    let line = self.text_line()?;
-                    let v = match super::text::number(op, &line) {
-                        Some(v) => v,
-                        None => return self.err(ErrorKind::BadText("number")),
-                    };
-                    self.push(v)?;
-                }
-                0x8c => {
-                    let n = self.input.byte()? as u64;
-                    let v = self.string(n, false)?;
-                    self.fused_memoize(v)?;
-                }
-                b'X' => {
-                    let n = u32::from_le_bytes(self.input.array()?) as u64;
-                    self.string(n, false)?;
-                }
-                0x8d => {
-                    let n = u64::from_le_bytes(self.input.array()?);
-                    self.string(n, false)?;
-                }
-                b'U' => {
-                    let n = self.input.byte()? as u64;
-                    self.string(n, false)?;
-                }
-                b'T' => {
-                    let n = u32::from_le_bytes(self.input.array()?) as u64;
-                    self.string(n, false)?;
-                }
-                b'C' => {
-                    let n = self.input.byte()? as u64;
-                    self.string(n, true)?;
-                }
-                b'B' => {
-                    let n = u32::from_le_bytes(self.input.array()?) as u64;
-                    self.string(n, true)?;
-                }
-                0x8e | 0x96 => {
-                    let n = u64::from_le_bytes(self.input.array()?);
-                    self.string(n, true)?;
-                }
-                b'S' | b'V' => {
-                    let line = self.text_line()?;
-                    let Some(text) = super::text::plain_string(op, &line) else {
-                        return self.err(ErrorKind::BadText("text string"));
-                    };
-                    let Some(id) = self.heap.strings.intern(&text, self.limits.max_total_string_bytes) else {
-                        return self.limit("total string bytes", self.limits.max_total_string_bytes);
-                    };
-                    self.push(Value::Str(id))?;
-                }
-                b']' => {
-                    let id = self.new_node(Kind::List)?;
-                    self.push(Value::Node(id))?;
-                    self.fused_memoize_mark(Value::Node(id))?;
-                }
-                b'}' => {
-                    let id = self.new_node(Kind::Dict)?;
-                    self.push(Value::Node(id))?;
-                    self.fused_memoize_mark(Value::Node(id))?;
-                }
-                b')' => {
-                    let id = self.new_node(Kind::Tuple)?;
-                    self.push(Value::Node(id))?;
-                }
-                0x8f => {
-                    let id = self.new_node(Kind::Set)?;
-                    self.push(Value::Node(id))?;
-                }
-                0x85..=0x87 => {
-                    let n = (op - 0x84) as usize;
-                    let floor = self.marks.last().copied().unwrap_or(0);
-                    if self.stack.len() < floor + n {
-                        return self.err(ErrorKind::StackUnderflow { opcode: "TUPLE1/2/3" });
-                    }
-                    let id = self.new_node(Kind::Tuple)?;
-                    self.extend(id, self.stack.len() - n)?;
-                    self.push(Value::Node(id))?;
-                }
-                b't' => self.collect(Kind::Tuple, "TUPLE")?,
-                b'l' => self.collect(Kind::List, "LIST")?,
-                b'd' => self.collect(Kind::Dict, "DICT")?,
-                0x91 => self.collect(Kind::Set, "FROZENSET")?,
-                b'a' => {
-                    let floor = self.marks.last().copied().unwrap_or(0);
-                    if self.stack.len() < floor + 2 {
-                        return self.err(ErrorKind::StackUnderflow { opcode: "APPEND" });
-                    }
-                    let list = self.stack[self.stack.len() - 2];
-                    let id = self.target(list, "APPEND", "a list", &[Kind::List])?;
-                    self.extend(id, self.stack.len() - 1)?;
-                }
-                b'e' => self.extend_from_mark("APPENDS", "a list", &[Kind::List])?,
-                b's' => {
-                    let floor = self.marks.last().copied().unwrap_or(0);
-                    if self.stack.len() < floor + 3 {
-                        return self.err(ErrorKind::StackUnderflow { opcode: "SETITEM" });
-                    }
-                    let dict = self.stack[self.stack.len() - 3];
-                    let id = self.target(dict, "SETITEM", "a dict", &[Kind::Dict])?;
-                    self.extend(id, self.stack.len() - 2)?;
-                }
-                b'u' => self.extend_from_mark("SETITEMS", "a dict", &[Kind::Dict])?,
-                0x90 => self.extend_from_mark("ADDITEMS", "a set", &[Kind::Set])?,
-                0x94 => {
-                    let index = self.memo.slots.len() as u64;
-                    self.memo_put(index)?;
-                }
-                b'q' => {
-                    let i = self.input.byte()? as u64;
-                    self.memo_put(i)?;
-                }
-                b'r' => {
-                    let i = u32::from_le_bytes(self.input.array()?) as u64;
-                    self.memo_put(i)?;
-                }
-                b'p' => {
-                    let i = self.text_index()?;
-                    self.memo_put(i)?;
-                }
-                b'h' | b'j' => self.memo_get_run(op)?,
-                b'g' => {
-                    let i = self.text_index()?;
-                    self.memo_get(i)?;
-                }
-                _ => {
-                    return match refused_name(op) {
-                        Some(opcode) => self.err(ErrorKind::Refused { opcode }),
-                        None => self.err(ErrorKind::UnknownOpcode(op)),
-                    };
-                }
-            }
-        }
     }
 }
