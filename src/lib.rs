@@ -28,5 +28,7 @@ pub mod service;
 pub mod simulate;
 pub mod snapshot;
 pub mod store;
+#[cfg(test)]
+pub(crate) mod testkit;
 pub mod units;
 pub mod web;

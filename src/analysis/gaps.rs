@@ -103,3 +103,36 @@ pub fn pinned(state: &State, stacks: &Stacks) -> Pinned {
     out.pinners.sort_by(|a, b| b.pinned_free_bytes.cmp(&a.pinned_free_bytes).then(a.call_site.cmp(&b.call_site)));
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::{MIB, SnapshotBuilder};
+
+    #[test]
+    fn free_blocks_beside_live_ones_are_pinned_and_shared_equally_among_the_live() {
+        let a = ("a.py", 1, "make_a");
+        let b = ("b.py", 2, "make_b");
+        let s = SnapshotBuilder::new()
+            .segment(
+                0x7f00_0000_0000,
+                20 * MIB,
+                &[
+                    (2 * MIB, "active_allocated", &[a]),
+                    (6 * MIB, "inactive", &[]),
+                    (2 * MIB, "active_allocated", &[b]),
+                    (10 * MIB, "inactive", &[]),
+                ],
+            )
+            .segment(0x7f00_1000_0000, 20 * MIB, &[(20 * MIB, "inactive", &[])])
+            .build();
+        let p = pinned(&crate::replay::final_state(&s.devices[0]), &s.stacks);
+        // The wholly free segment pins nothing: it can be returned to CUDA.
+        assert_eq!((p.summary.bytes, p.summary.segments, p.summary.gaps), (16 * MIB, 1, 2));
+        assert_eq!(p.gaps[0].size, 10 * MIB, "largest gap first");
+        let shares: Vec<(String, u64)> =
+            p.pinners.iter().map(|x| (x.call_site.as_ref().unwrap().name.clone(), x.pinned_free_bytes)).collect();
+        assert_eq!(shares.iter().map(|s| s.1).sum::<u64>(), 16 * MIB);
+        assert!(shares.iter().all(|s| s.1 == 8 * MIB), "{shares:?}");
+    }
+}

@@ -89,3 +89,47 @@ impl Observer for OomObserver<'_> {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::{Depth, analyze};
+    use crate::testkit::{MIB, SnapshotBuilder, USER};
+
+    #[test]
+    fn fragmentation_when_the_free_memory_could_have_held_the_request_as_one_block() {
+        assert_eq!(verdict(10 * MIB, 20 * MIB, 4 * MIB), Verdict::Fragmentation);
+        assert_eq!(verdict(16 * MIB, 20 * MIB, 4 * MIB), Verdict::Fragmentation);
+    }
+
+    #[test]
+    fn capacity_when_even_all_the_free_memory_would_not_have_held_it() {
+        assert_eq!(verdict(17 * MIB, 20 * MIB, 4 * MIB), Verdict::Capacity);
+    }
+
+    #[test]
+    fn an_oom_event_is_judged_on_the_state_it_happened_in() {
+        const A: u64 = 0x7f00_0000_0000;
+        let b = |request: u64| {
+            SnapshotBuilder::new()
+                .segment(A, 20 * MIB, &[(4 * MIB, "active_allocated", &[USER]), (16 * MIB, "inactive", &[])])
+                .alloc_in_new_segment(A, 20 * MIB, 4 * MIB, &[USER])
+                .event("oom", 1 << 30, request, &[USER])
+                .build()
+        };
+        let source = || crate::snapshot::Source {
+            bytes: 0,
+            sha256: String::new(),
+            encoding: "pickle".into(),
+            compression: "none".into(),
+            pickle_protocol: None,
+        };
+        let s = b(10 * MIB);
+        let a = analyze(&s, source(), Depth::Report).analysis;
+        let o = &a.devices[0].ooms[0];
+        assert_eq!((o.verdict, o.reserved_bytes, o.allocated_bytes), (Verdict::Fragmentation, 20 * MIB, 4 * MIB));
+        assert_eq!(o.largest_usable_free_bytes, 16 * MIB);
+        let s = b(30 * MIB);
+        assert_eq!(analyze(&s, source(), Depth::Report).analysis.devices[0].ooms[0].verdict, Verdict::Capacity);
+    }
+}

@@ -59,3 +59,62 @@ pub fn rhythm(state: &State, stacks: &Stacks) -> Rhythm {
     }
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::Replay;
+    use crate::testkit::{MIB, SnapshotBuilder, USER};
+
+    /// `steps` steps of the seed pattern: a new 1 GiB segment, its block freed, a 520 MiB
+    /// block that stays in it; `noise` extra events (another segment's alloc and free) before
+    /// step `at`, to break the rhythm.
+    fn seed(steps: u64, noise: Option<(u64, usize)>) -> Rhythm {
+        let big = ("train.py", 20, "big");
+        let mut b = SnapshotBuilder::new();
+        let base = 0x7f00_0000_0000u64;
+        let other = base - (20 * MIB);
+        for k in 0..steps {
+            let a = base + k * 1024 * MIB;
+            b = b.segment(a, 1024 * MIB, &[(520 * MIB, "active_allocated", &[USER]), (504 * MIB, "inactive", &[])]);
+        }
+        if noise.is_some() {
+            b = b.segment(other, 20 * MIB, &[(20 * MIB, "inactive", &[])]);
+        }
+        for k in 0..steps {
+            if let Some((at, n)) = noise {
+                if k == at {
+                    b = b.event("segment_alloc", other, 20 * MIB, &[USER]);
+                    for _ in 0..n {
+                        b = b.event("alloc", other, MIB, &[USER]).free(other, MIB, &[USER]);
+                    }
+                }
+            }
+            let a = base + k * 1024 * MIB;
+            b = b.alloc_in_new_segment(a, 1024 * MIB, 1024 * MIB, &[big]).free(a, 1024 * MIB, &[big]).event(
+                "alloc",
+                a,
+                520 * MIB,
+                &[USER],
+            );
+        }
+        let s = b.build();
+        let replay = Replay::run(&s, &s.devices[0], &mut ());
+        assert!(replay.final_mismatches.is_empty(), "{:?}", replay.final_mismatches);
+        rhythm(&replay.end, &s.stacks)
+    }
+
+    #[test]
+    fn pinned_segments_made_at_an_even_rhythm_are_the_seed_pattern() {
+        let r = seed(4, None);
+        assert!(r.detected);
+        assert_eq!((r.pinned_segments, r.period_events), (4, Some(5)));
+        assert_eq!(r.call_sites[0].name, "big");
+    }
+
+    #[test]
+    fn too_few_or_uneven_creations_are_no_rhythm() {
+        assert!(!seed(2, None).detected, "two segments make no rhythm");
+        assert!(!seed(4, Some((2, 6))).detected, "a step twice as long breaks it");
+    }
+}

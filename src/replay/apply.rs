@@ -122,3 +122,58 @@ impl SegmentRec {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::replay::Replay;
+    use crate::snapshot::BlockState;
+    use crate::testkit::{MIB, SnapshotBuilder, USER};
+
+    const A: u64 = 0x7f00_0000_0000;
+
+    fn end_blocks(b: &SnapshotBuilder) -> Vec<(u64, BlockState)> {
+        let s = b.build();
+        let d = &s.devices[0];
+        let replay = Replay::run(&s, d, &mut ());
+        assert!(replay.final_mismatches.is_empty(), "{:?}", replay.final_mismatches);
+        let st = &replay.end;
+        st.segment_ids()
+            .flat_map(|g| st.block_ids(g).collect::<Vec<_>>())
+            .map(|x| (st.block(x).size, st.block(x).state))
+            .collect()
+    }
+
+    #[test]
+    fn a_large_block_is_split_only_when_more_than_1_mib_would_remain() {
+        // 19.5 MiB in a new 20 MiB segment: 0.5 MiB would remain, so the block is not split.
+        let b = SnapshotBuilder::new()
+            .segment(A, 20 * MIB, &[(20 * MIB, "active_allocated", &[USER])])
+            .alloc_in_new_segment(A, 20 * MIB, 39 * MIB / 2, &[USER]);
+        assert_eq!(end_blocks(&b), vec![(20 * MIB, BlockState::ActiveAllocated)]);
+        // 4 MiB: 16 MiB remain, so it is split.
+        let b = SnapshotBuilder::new()
+            .segment(A, 20 * MIB, &[(4 * MIB, "active_allocated", &[USER]), (16 * MIB, "inactive", &[])])
+            .alloc_in_new_segment(A, 20 * MIB, 4 * MIB, &[USER]);
+        assert_eq!(end_blocks(&b), vec![(4 * MIB, BlockState::ActiveAllocated), (16 * MIB, BlockState::Inactive)]);
+    }
+
+    #[test]
+    fn a_completed_free_merges_with_its_free_neighbours() {
+        let b = SnapshotBuilder::new()
+            .segment(A, 20 * MIB, &[(20 * MIB, "inactive", &[])])
+            .alloc_in_new_segment(A, 20 * MIB, 4 * MIB, &[USER])
+            .event("alloc", A + 4 * MIB, 4 * MIB, &[USER])
+            .free(A, 4 * MIB, &[USER])
+            .free(A + 4 * MIB, 4 * MIB, &[USER]);
+        assert_eq!(end_blocks(&b), vec![(20 * MIB, BlockState::Inactive)]);
+    }
+
+    #[test]
+    fn a_requested_free_waits_as_pending_until_it_completes() {
+        let b = SnapshotBuilder::new()
+            .segment(A, 20 * MIB, &[(4 * MIB, "active_pending_free", &[USER]), (16 * MIB, "inactive", &[])])
+            .alloc_in_new_segment(A, 20 * MIB, 4 * MIB, &[USER])
+            .event("free_requested", A, 4 * MIB, &[USER]);
+        assert_eq!(end_blocks(&b), vec![(4 * MIB, BlockState::ActivePendingFree), (16 * MIB, BlockState::Inactive)]);
+    }
+}

@@ -8,6 +8,8 @@ pub mod error;
 pub mod extract;
 mod fills;
 mod pages;
+#[cfg(test)]
+mod testing;
 mod upload;
 
 use std::sync::Arc;
@@ -105,20 +107,27 @@ async fn not_found(uri: axum::http::Uri) -> axum::response::Response {
     }
 }
 
-/// Opens the store, restarts unfinished analyses, and serves until Ctrl-C or SIGTERM; then
-/// waits at most 10 s for open connections.
-pub async fn serve(config: Config) -> Result<(), Box<dyn std::error::Error>> {
+/// Opens the store (cleaning what a crash left), starts the service (restarting unfinished
+/// analyses) and makes the application's state: what `serve` runs, and tests in process.
+pub async fn state(config: Config) -> Result<AppState, Box<dyn std::error::Error>> {
     let store = Arc::new(Store::open(&config.data_dir).await?);
     store.clean_after_crash().await?;
     let budget = config.memory_budget();
-    let service = Service::start(store.clone(), config.analysis_workers, config.loaded_snapshots, budget).await?;
+    let service = Service::start(store, config.analysis_workers, config.loaded_snapshots, budget).await?;
     tracing::info!(budget_mib = budget >> 20, "memory budget");
-    if let Some(days) = config.retain_days {
-        tokio::spawn(retention(store.clone(), service.loaded.clone(), days));
+    Ok(AppState(Arc::new(Inner { config, service })))
+}
+
+/// Opens the store, restarts unfinished analyses, and serves until Ctrl-C or SIGTERM; then
+/// waits at most 10 s for open connections.
+pub async fn serve(config: Config) -> Result<(), Box<dyn std::error::Error>> {
+    let state = state(config).await?;
+    let store = state.service.store.clone();
+    if let Some(days) = state.config.retain_days {
+        tokio::spawn(retention(store.clone(), state.service.loaded.clone(), days));
     }
-    let listener = tokio::net::TcpListener::bind(config.addr).await?;
+    let listener = tokio::net::TcpListener::bind(state.config.addr).await?;
     let addr = listener.local_addr()?;
-    let state = AppState(Arc::new(Inner { config, service }));
     // Tests and scripts read this line to find the port.
     println!("fragscope listening on http://{addr}");
     let stop = Arc::new(tokio::sync::Notify::new());

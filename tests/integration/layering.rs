@@ -35,7 +35,7 @@ fn sources(module: &str) -> Vec<(String, String)> {
             let p = e.path();
             if p.is_dir() {
                 stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
+            } else if p.extension().is_some_and(|x| x == "rs") && p.file_name().is_some_and(|n| n != "testing.rs") {
                 out.push((p.display().to_string(), std::fs::read_to_string(&p).unwrap()));
             }
         }
@@ -44,10 +44,12 @@ fn sources(module: &str) -> Vec<(String, String)> {
     out
 }
 
-/// The top-level modules a source names as `crate::X`.
+/// The top-level modules a source names as `crate::X`, outside its tests: unit tests at the
+/// bottom of a file (`#[cfg(test)]`) may use the test kit and build what they check with it.
 fn uses(text: &str) -> BTreeSet<String> {
-    text.match_indices("crate::")
-        .map(|(i, m)| text[i + m.len()..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect())
+    let code = text.split("#[cfg(test)]").next().unwrap_or("");
+    code.match_indices("crate::")
+        .map(|(i, m)| code[i + m.len()..].chars().take_while(|c| c.is_ascii_lowercase() || *c == '_').collect())
         .filter(|s: &String| !s.is_empty())
         .collect()
 }
