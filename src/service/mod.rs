@@ -30,6 +30,12 @@ pub enum ServiceError {
     Ingest(#[from] IngestError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Something asked for is not there (a device, an event past the end).
+    #[error("no such {0}")]
+    Missing(&'static str),
+    /// A request that cannot be answered as asked.
+    #[error("{0}")]
+    Invalid(String),
     /// A background task died, or the runtime is shutting down.
     #[error("{0}")]
     Internal(String),
@@ -127,6 +133,43 @@ impl Service {
         self.loaded
             .load(&self.store, &row.id, &row.sha256, move |bytes| async move { w.reserve_memory(bytes).await })
             .await
+    }
+
+    /// A device's series over events `start..end` (default: all) in `points` buckets, from
+    /// the stored timeline.
+    pub async fn timeline(
+        &self,
+        id: &str,
+        device: i64,
+        start: Option<usize>,
+        end: Option<usize>,
+        points: usize,
+    ) -> Result<crate::analysis::timeline::Downsampled, ServiceError> {
+        let t = match self.store.results.timeline(id, device) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(ServiceError::Missing("device")),
+            Err(e) => return Err(StoreError::from(e).into()),
+        };
+        let (start, end) = (start.unwrap_or(0), end.unwrap_or(t.len()).min(t.len()));
+        if start > end {
+            return Err(ServiceError::Invalid(format!("start {start} is after end {end}")));
+        }
+        tokio::task::spawn_blocking(move || t.columns().downsample(start..end, points))
+            .await
+            .map_err(|e| ServiceError::Internal(e.to_string()))
+    }
+
+    /// The breakdown at the end that the analysis stored (None for analyses stored by older
+    /// versions, which have none).
+    pub async fn final_breakdown(
+        &self,
+        id: &str,
+        device: i64,
+    ) -> Result<Option<crate::analysis::breakdown::Breakdown>, ServiceError> {
+        use crate::analysis::breakdown::Moment;
+        let a = self.analysis(id).await?;
+        let d = a.devices.into_iter().find(|d| d.device == device).ok_or(ServiceError::Missing("device"))?;
+        Ok(d.memory.breakdown.into_iter().find(|b| b.moment == Moment::Final))
     }
 
     /// Deletes a snapshot and drops it from the cache; false when there was none.

@@ -122,26 +122,22 @@ async fn analyze(
         let ingested = ingest::ingest(file, &options).map_err(|e| e.to_string())?;
         let snap = ingested.snapshot;
         let analyzed = analysis::analyze(&snap, ingested.source, Depth::Serve);
+        let entry = Entry { snapshot: snap, replays: analyzed.replays, indexes: analyzed.indexes };
         // The maps a page opens first: the end of each device, and each OOM.
         let mut maps = Vec::new();
         let json = |m: &map::SegmentMap| serde_json::to_vec(m).map_err(|e| e.to_string());
-        for (i, d) in snap.devices.iter().enumerate() {
-            let (replay, index) = (&analyzed.replays[i], &analyzed.indexes[i]);
-            let at_end = |b: &crate::replay::BlockRec| index.category_at_end(replay, b.address);
-            let end = map::segment_map(&snap, d.device, None, &crate::replay::final_state(d), at_end);
-            maps.push((d.device, None, json(&end)?));
+        for (i, d) in entry.snapshot.devices.iter().enumerate() {
+            maps.push((d.device, None, json(&entry.segment_map(i, None))?));
             for oom in &analyzed.analysis.devices[i].ooms {
-                let state = replay.state_at(&snap, Some(oom.event_index as usize));
-                let m = map::segment_map(&snap, d.device, Some(oom.event_index), &state, |b| Some(index.labels.of(b)));
-                maps.push((d.device, Some(oom.event_index), json(&m)?));
+                maps.push((d.device, Some(oom.event_index), json(&entry.segment_map(i, Some(oom.event_index)))?));
             }
         }
         let verdict = analyzed.analysis.devices.first().map(|d| d.diagnosis.verdict.as_str()).unwrap_or("no_oom");
-        let timelines = snap.devices.iter().map(|d| d.device).zip(&analyzed.timelines).collect();
+        let timelines = entry.snapshot.devices.iter().map(|d| d.device).zip(&analyzed.timelines).collect();
         let written = Written { analysis: &analyzed.analysis, maps, timelines };
         store.results.write(&id, &written).map_err(|e| format!("cannot write the results: {e}"))?;
         let verdict = verdict.to_string();
-        Ok::<_, String>((verdict, Entry { snapshot: snap, replays: analyzed.replays, indexes: analyzed.indexes }))
+        Ok::<_, String>((verdict, entry))
     })
     .await
     .map_err(|e| format!("the analysis crashed: {e}"))?

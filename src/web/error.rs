@@ -86,6 +86,8 @@ impl From<crate::service::ServiceError> for ApiError {
         match e {
             ServiceError::Ingest(e) => e.into(),
             ServiceError::Store(e) => e.into(),
+            ServiceError::Missing(what) => ApiError::NotFound(what),
+            ServiceError::Invalid(e) => ApiError::BadRequest(e),
             ServiceError::Internal(e) => ApiError::Internal(e),
         }
     }

@@ -109,35 +109,28 @@ pub async fn timeline(
     Query(q): Query<TimelineQuery>,
 ) -> Result<Response, ApiError> {
     let row = app.ready(&id).await?;
-    let t = match app.service.store.results.timeline(&id, device) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(ApiError::NotFound("device")),
-        Err(e) => return Err(crate::store::StoreError::from(e).into()),
-    };
-    let (start, end) = (q.start.unwrap_or(0), q.end.unwrap_or(t.len()).min(t.len()));
-    if start > end {
-        return Err(ApiError::BadRequest(format!("start {start} is after end {end}")));
-    }
     let points = q.points.unwrap_or(1000).clamp(1, 20_000);
+    let d = app.service.timeline(&id, device, q.start, q.end, points).await?;
     let binary = q.format.as_deref() == Some("bin")
         || headers
             .get(header::ACCEPT)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|a| a.starts_with("application/octet-stream"));
-    let d = tokio::task::spawn_blocking(move || t.columns().downsample(start..end, points))
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
-    let tag = format!("t{device}-{start}-{end}-{points}-{}", if binary { "b" } else { "j" });
+    let tag = format!("t{device}-{}-{}-{points}-{}", d.start, d.end, if binary { "b" } else { "j" });
     if binary {
         return Ok(immutable(&headers, &row, &tag, "application/octet-stream", d.to_f64_bytes()));
     }
+    Ok(immutable(&headers, &row, &tag, "application/json", json_bytes(&timeline_json(device, &d))?))
+}
+
+/// The buckets as JSON: per series, the min and the max of each.
+fn timeline_json(device: i64, d: &crate::analysis::timeline::Downsampled) -> Value {
     let series: serde_json::Map<String, Value> = crate::analysis::timeline::SERIES
         .iter()
         .enumerate()
         .map(|(s, name)| (name.to_string(), json!({"min": d.min[s], "max": d.max[s]})))
         .collect();
-    let body = json!({"device": device, "start": d.start, "end": d.end, "events": t_len(&d), "event": d.event, "time_us": d.time_us, "series": series});
-    Ok(immutable(&headers, &row, &tag, "application/json", json_bytes(&body)?))
+    json!({"device": device, "start": d.start, "end": d.end, "events": t_len(d), "event": d.event, "time_us": d.time_us, "series": series})
 }
 
 fn t_len(d: &crate::analysis::timeline::Downsampled) -> u64 {
@@ -184,6 +177,15 @@ async fn on_device<T: Send + 'static>(
     .map_err(|e| ApiError::Internal(e.to_string()))?
 }
 
+/// 400 for an event past the device's last.
+fn check_event(entry: &Entry, d: &crate::snapshot::Device, event: Option<u64>) -> Result<(), ApiError> {
+    let n = entry.snapshot.device_events(d).len() as u64;
+    match event {
+        Some(e) if e >= n => Err(ApiError::BadRequest(format!("event {e} is past the last of {n} events"))),
+        _ => Ok(()),
+    }
+}
+
 /// The state right after `event` (None: the final `segments`), or 400 past the last event.
 fn state_after(
     entry: &Entry,
@@ -191,12 +193,11 @@ fn state_after(
     d: &crate::snapshot::Device,
     event: Option<u64>,
 ) -> Result<crate::replay::State, ApiError> {
-    let n = entry.snapshot.device_events(d).len() as u64;
-    match event {
-        Some(e) if e >= n => Err(ApiError::BadRequest(format!("event {e} is past the last of {n} events"))),
-        Some(e) => Ok(entry.replays[i].state_at(&entry.snapshot, Some(e as usize))),
-        None => Ok(crate::replay::final_state(d)),
-    }
+    check_event(entry, d, event)?;
+    Ok(match event {
+        Some(e) => entry.replays[i].state_at(&entry.snapshot, Some(e as usize)),
+        None => crate::replay::final_state(d),
+    })
 }
 
 /// The segments and blocks right after an event.
@@ -213,15 +214,8 @@ pub async fn state(
         return Ok(immutable(&headers, &row, &tag, "application/json", stored));
     }
     let body = on_device(&app, &row, device, move |entry, i, d| {
-        let state = state_after(entry, i, d, event)?;
-        let (replay, index) = (&entry.replays[i], &entry.indexes[i]);
-        let m = match event {
-            Some(_) => map::segment_map(&entry.snapshot, device, event, &state, |b| Some(index.labels.of(b))),
-            None => {
-                map::segment_map(&entry.snapshot, device, None, &state, |b| index.category_at_end(replay, b.address))
-            }
-        };
-        json_bytes(&m)
+        check_event(entry, d, event)?;
+        json_bytes(&entry.segment_map(i, event))
     })
     .await?;
     Ok(immutable(&headers, &row, &tag, "application/json", body))
@@ -234,28 +228,17 @@ pub async fn breakdown(
     Path((id, device)): Path<(String, i64)>,
     Query(q): Query<EventQuery>,
 ) -> Result<Json<crate::analysis::breakdown::Breakdown>, ApiError> {
-    use crate::analysis::breakdown::Moment;
+    let row = app.ready(&id).await?;
     let event = parse_event(&q)?;
+    // The end was broken down at analysis time: no parse needed.
     if event.is_none() {
-        // The end was broken down at analysis time: no parse needed (analyses stored by older
-        // versions lack it, and are broken down below).
-        let a = stored(&app, &id).await?;
-        let d = a.devices.into_iter().find(|d| d.device == device).ok_or(ApiError::NotFound("device"))?;
-        if let Some(end) = d.memory.breakdown.into_iter().find(|b| b.moment == Moment::Final) {
+        if let Some(end) = app.service.final_breakdown(&id, device).await? {
             return Ok(Json(end));
         }
     }
-    let row = app.ready(&id).await?;
     on_device(&app, &row, device, move |entry, i, d| {
-        let b = match event {
-            Some(e) => (state_after(entry, i, d, Some(e))?, Moment::Event, Some(e)),
-            None => (
-                entry.replays[i].end_state(d),
-                Moment::Final,
-                entry.snapshot.device_events(d).len().checked_sub(1).map(|e| e as u64),
-            ),
-        };
-        Ok(Json(entry.indexes[i].breakdown(&entry.snapshot, &b.0, b.1, b.2)))
+        check_event(entry, d, event)?;
+        Ok(Json(entry.breakdown(i, event)))
     })
     .await
 }
