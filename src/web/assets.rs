@@ -29,6 +29,9 @@ pub const ASSETS: &[(&str, &str, &[u8])] = assets! {
     "js/draw/segmap.js" => "text/javascript; charset=utf-8",
     "js/draw/timeline.js" => "text/javascript; charset=utf-8",
     "js/draw/active.js" => "text/javascript; charset=utf-8",
+    "js/page/pending.js" => "text/javascript; charset=utf-8",
+    "js/page/controls.js" => "text/javascript; charset=utf-8",
+    "js/page/pinners.js" => "text/javascript; charset=utf-8",
     "openapi.json" => "application/json",
 };
 

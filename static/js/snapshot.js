@@ -1,11 +1,15 @@
 // The snapshot page: fetches from the API, keeps the view's state in the URL fragment, and
-// hands data to the drawings. Data code lives in data/, canvas code in draw/.
+// hands data to the drawings. Data code lives in data/, canvas code in draw/, the page's
+// forms and tables in page/.
 
 import { decodeTimeline } from "./data/columns.js";
 import { parse, format } from "./data/fragment.js";
-import { bytes, site, eventLabel } from "./data/format.js";
+import { bytes, eventLabel } from "./data/format.js";
 import { siteKey } from "./data/colors.js";
 import { SegMap } from "./draw/segmap.js";
+import { pending } from "./page/pending.js";
+import { bindWhatIf, bindCopy } from "./page/controls.js";
+import { renderPinners } from "./page/pinners.js";
 import { Timeline } from "./draw/timeline.js";
 import { drawActive } from "./draw/active.js";
 
@@ -13,36 +17,8 @@ const app = document.getElementById("app");
 const id = app.dataset.id;
 const api = `/api/v1/snapshots/${id}`;
 
-if (app.dataset.status !== "ready") pending();
+if (app.dataset.status !== "ready") pending(api);
 else ready();
-
-/** Until the analysis is done: show progress, then reload into the full page. */
-async function pending() {
-  const text = document.getElementById("status-text");
-  const bar = document.getElementById("progress");
-  for (;;) {
-    const r = await fetch(api);
-    if (!r.ok) return;
-    const s = await r.json();
-    bar.value = s.progress;
-    text.textContent = s.status === "analyzing" ? `Analysing: ${Math.round(s.progress * 100)}% of ${bytes(s.bytes)} read.` : `Analysis ${s.status}.`;
-    if (s.status === "ready") return location.reload();
-    if (s.status === "failed") {
-      text.textContent = "The analysis failed:";
-      let err = document.getElementById("error");
-      if (!err) {
-        err = document.createElement("p");
-        err.id = "error";
-        err.className = "error";
-        bar.after(err);
-      }
-      err.textContent = s.error;
-      bar.hidden = true;
-      return;
-    }
-    await new Promise((res) => setTimeout(res, 400));
-  }
-}
 
 function ready() {
   const sections = [...document.querySelectorAll("section.device")];
@@ -116,39 +92,8 @@ function ready() {
       showDevice();
     });
   }
-  for (const form of document.querySelectorAll("form.whatif")) {
-    form.addEventListener("submit", async (ev) => {
-      ev.preventDefault();
-      const out = form.querySelector(".result");
-      const q = new URLSearchParams();
-      for (const name of ["conf", "mempool", "reuse", "capacity"]) {
-        const v = form.elements[name].value.trim();
-        if (v || name === "conf") q.set(name, v);
-      }
-      if (!form.elements.conf.value.trim()) q.delete("conf");
-      out.textContent = "Simulating…";
-      const r = await fetch(`${api}/devices/${form.dataset.device}/simulate?${q}`);
-      const o = await r.json();
-      if (!r.ok) {
-        out.textContent = `Cannot simulate: ${o.detail}`;
-        return;
-      }
-      const verdict = o.oom ? `out of memory at event ${o.oom.event_index} (${bytes(o.oom.requested_bytes)} requested)` : "no OOM";
-      out.textContent = `Predicted: ${verdict}, peak ${bytes(o.peak_reserved_bytes)} reserved, ${bytes(o.pinned_free_bytes_at_end)} pinned at the end (${o.replayed_events} events replayed).`;
-    });
-  }
-  for (const b of document.querySelectorAll("button.copy")) {
-    b.addEventListener("click", async () => {
-      const code = b.parentElement.querySelector("code").textContent;
-      try {
-        await navigator.clipboard.writeText(code);
-        b.textContent = "Copied";
-      } catch {
-        b.textContent = "Select and copy";
-      }
-      setTimeout(() => (b.textContent = "Copy"), 1500);
-    });
-  }
+  bindWhatIf(api);
+  bindCopy();
 
   async function setEvent(e) {
     const t0 = performance.now();
@@ -190,23 +135,11 @@ function ready() {
     const p = await r.json();
     pinnersAt.textContent = `after event ${e}: ${bytes(p.pinned.bytes)} pinned in ${p.pinned.segments} segments`;
     siteKeys = p.pinners.map((x) => siteKey(x.call_site));
-    pinnersBody.replaceChildren();
-    p.pinners.forEach((x, i) => {
-      const tr = document.createElement("tr");
-      for (const text of [site(x.call_site), String(x.blocks), bytes(x.live_bytes), bytes(x.pinned_free_bytes)]) {
-        const td = document.createElement("td");
-        td.textContent = text;
-        tr.append(td);
-      }
-      if (state.site === i) tr.classList.add("on");
-      tr.addEventListener("click", () => {
-        state.site = state.site === i ? null : i;
-        for (const row of pinnersBody.children) row.classList.remove("on");
-        if (state.site !== null) tr.classList.add("on");
-        map.highlight(state.site === null ? null : siteKeys[i]);
-        save();
-      });
-      pinnersBody.append(tr);
+    renderPinners(pinnersBody, p.pinners, state.site, (i) => {
+      state.site = state.site === i ? null : i;
+      map.highlight(state.site === null ? null : siteKeys[i]);
+      save();
+      return state.site;
     });
     map.highlight(state.site !== null && siteKeys[state.site] !== undefined ? siteKeys[state.site] : null);
   }

@@ -1,0 +1,45 @@
+// The page's forms and buttons that stand apart from the drawings: the what-if form (a
+// simulation through the API) and the copy buttons of the remedies' code.
+
+import { bytes } from "../data/format.js";
+
+/** Each device's what-if form asks the API to replay the trace under other settings. */
+export function bindWhatIf(api) {
+  for (const form of document.querySelectorAll("form.whatif")) {
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const out = form.querySelector(".result");
+      const q = new URLSearchParams();
+      for (const name of ["conf", "mempool", "reuse", "capacity"]) {
+        const v = form.elements[name].value.trim();
+        if (v || name === "conf") q.set(name, v);
+      }
+      if (!form.elements.conf.value.trim()) q.delete("conf");
+      out.textContent = "Simulating…";
+      const r = await fetch(`${api}/devices/${form.dataset.device}/simulate?${q}`);
+      const o = await r.json();
+      if (!r.ok) {
+        out.textContent = `Cannot simulate: ${o.detail}`;
+        return;
+      }
+      const verdict = o.oom ? `out of memory at event ${o.oom.event_index} (${bytes(o.oom.requested_bytes)} requested)` : "no OOM";
+      out.textContent = `Predicted: ${verdict}, peak ${bytes(o.peak_reserved_bytes)} reserved, ${bytes(o.pinned_free_bytes_at_end)} pinned at the end (${o.replayed_events} events replayed).`;
+    });
+  }
+}
+
+/** Copy buttons put a remedy's code on the clipboard. */
+export function bindCopy() {
+  for (const b of document.querySelectorAll("button.copy")) {
+    b.addEventListener("click", async () => {
+      const code = b.parentElement.querySelector("code").textContent;
+      try {
+        await navigator.clipboard.writeText(code);
+        b.textContent = "Copied";
+      } catch {
+        b.textContent = "Select and copy";
+      }
+      setTimeout(() => (b.textContent = "Copy"), 1500);
+    });
+  }
+}
