@@ -20,15 +20,15 @@
 
 pub mod analysis;
 pub mod cli;
-pub mod config;
+pub(crate) mod config;
 pub mod ingest;
-pub mod reader;
+pub(crate) mod reader;
 pub mod replay;
-pub mod service;
+pub(crate) mod service;
 pub mod simulate;
 pub mod snapshot;
-pub mod store;
+pub(crate) mod store;
 #[cfg(test)]
 pub(crate) mod testkit;
-pub mod units;
+pub(crate) mod units;
 pub mod web;

@@ -19,7 +19,6 @@ pub type Frame = (&'static str, i64, &'static str);
 pub struct SnapshotBuilder {
     segments: Vec<V>,
     trace: Vec<V>,
-    settings: Option<V>,
 }
 
 fn dict(entries: Vec<(&str, V)>) -> V {
@@ -102,21 +101,12 @@ impl SnapshotBuilder {
         self.event("free_requested", addr, size, fs).event("free_completed", addr, size, fs)
     }
 
-    /// `allocator_settings`, as `{key: value}` with integer values.
-    pub fn settings(mut self, entries: &[(&str, i64)]) -> Self {
-        self.settings = Some(dict(entries.iter().map(|(k, v)| (*k, V::I64(*v))).collect()));
-        self
-    }
-
     /// The pickle bytes.
     pub fn bytes(&self) -> Vec<u8> {
-        let mut top = vec![
+        let top = vec![
             ("segments", V::List(self.segments.clone())),
             ("device_traces", V::List(vec![V::List(self.trace.clone())])),
         ];
-        if let Some(s) = &self.settings {
-            top.push(("allocator_settings", s.clone()));
-        }
         serde_pickle::value_to_vec(&dict(top), SerOptions::new()).expect("serde-pickle writes the snapshot")
     }
 
@@ -131,8 +121,6 @@ impl SnapshotBuilder {
 
 /// A frame of user code, as the call site most tests name.
 pub const USER: Frame = ("train.py", 10, "step");
-/// A frame of a module's forward.
-pub const FORWARD: Frame = ("/venv/lib/python3.12/site-packages/torch/nn/modules/module.py", 1790, "_call_impl");
 
 #[cfg(test)]
 mod tests {

@@ -15,7 +15,7 @@ mod results;
 
 pub use blobs::{BlobStore, LocalBlobs};
 pub use meta::{Meta, SnapshotRow, Status};
-pub use results::{MappedTimeline, Results, Written};
+pub use results::{Results, Written};
 
 use std::path::PathBuf;
 use std::sync::Arc;
