@@ -79,7 +79,8 @@ fn the_table_names_every_module_and_points_only_upstream() {
         }
     }
     let lib = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lib.rs")).unwrap();
-    for line in lib.lines().filter_map(|l| l.strip_prefix("pub mod ")) {
+    let modules = lib.lines().filter_map(|l| l.strip_prefix("pub mod ").or_else(|| l.strip_prefix("pub(crate) mod ")));
+    for line in modules.filter(|m| *m != "testkit;") {
         let name = line.trim_end_matches(';');
         assert!(order.contains(&name), "src/lib.rs declares {name}, which ALLOWED does not list");
     }
