@@ -252,6 +252,18 @@ pub fn memory_estimate(bytes: u64, head: &[u8]) -> u64 {
     unpacked.saturating_mul(8) / 5 + (16 << 20)
 }
 
+/// The file name extension of a snapshot by its first bytes: `.pickle`, `.json`, or `.gz` /
+/// `.zst` for compressed ones (what is inside is not known from the head); empty if none fits.
+pub fn extension(head: &[u8]) -> &'static str {
+    match sniff(head) {
+        Ok(Format::Pickle) => ".pickle",
+        Ok(Format::Json) => ".json",
+        Ok(Format::Gzip) => ".gz",
+        Ok(Format::Zstd) => ".zst",
+        Err(_) => "",
+    }
+}
+
 /// Opcodes a pickle of protocol 0 or 1 can start with (2 and up start with PROTO, 0x80).
 const OLD_PICKLE_STARTS: &[u8] = b"(]})NIJKLMFGSTUVXdlt";
 

@@ -357,7 +357,12 @@ fn reuse(f: &Facts, fragmented: bool) -> Remedy {
             ),
         )
     } else {
-        (false, format!("{place} did not allocate the same size repeatedly ({} times in the trace).", f.big_repeats))
+        let times = match f.big_repeats {
+            0 => "not in the trace (it was made before the trace began)".to_string(),
+            1 => "once in the trace".to_string(),
+            n => format!("only {n} times in the trace"),
+        };
+        (false, format!("{place} allocated {} {times}: there is no repeated allocation to reuse.", bytes(size)))
     };
     Remedy {
         site: site.as_ref().map(crate::simulate::site_arg),

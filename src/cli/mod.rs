@@ -47,7 +47,8 @@ pub enum Command {
     /// Replay the trace through a model of the caching allocator under other settings.
     Simulate {
         file: PathBuf,
-        #[arg(long)]
+        /// The device, when the snapshot holds several: `cuda:1` or `1` (default: the first).
+        #[arg(long, value_parser = parse_device)]
         device: Option<i64>,
         /// `PYTORCH_CUDA_ALLOC_CONF` to try, e.g. 'expandable_segments:True,max_split_size_mb:256';
         /// '' is the default allocator; omitted, the snapshot's own settings.
@@ -62,6 +63,7 @@ pub enum Command {
         /// The memory budget (e.g. 6GiB); without it, no OOM is predicted.
         #[arg(long, value_parser = crate::config::parse_size)]
         capacity: Option<u64>,
+        /// Print the outcome as JSON (the same document the API's simulate route serves).
         #[arg(long)]
         json: bool,
     },
@@ -72,10 +74,16 @@ pub enum Command {
         /// or `final` (the snapshot's segments).
         #[arg(long, default_value = "final")]
         event: String,
-        /// The device, when the snapshot holds several.
-        #[arg(long)]
+        /// The device, when the snapshot holds several: `cuda:1` or `1` (default: the first).
+        #[arg(long, value_parser = parse_device)]
         device: Option<i64>,
     },
+}
+
+/// A device as people write it: `cuda:1`, `1`.
+fn parse_device(s: &str) -> Result<i64, String> {
+    let n = s.trim().strip_prefix("cuda:").unwrap_or(s.trim());
+    n.parse::<i64>().ok().filter(|d| *d >= 0).ok_or_else(|| format!("a device is `cuda:N` or `N`, got {s:?}"))
 }
 
 pub fn run(cli: Cli) -> ExitCode {
@@ -185,7 +193,10 @@ fn state(file: &std::path::Path, event: &str, device: Option<i64>) -> Result<Res
                 let action = snap.action_name(snap.device_events(d)[i].action).to_string();
                 (replay().state_at(&snap, Some(i)), format!("device {}, after event {i} ({action}) of {n}", d.device))
             }
-            _ => return Ok(Err(format!("--event must be 0..{n}, start, oom or final; got {n_str:?}"))),
+            _ => {
+                let range = if n == 0 { "(this trace has no events)".to_string() } else { format!("0 to {}", n - 1) };
+                return Ok(Err(format!("--event must be an event index {range}, start, oom or final; got {n_str:?}")));
+            }
         },
     };
     Ok(Ok(segmap::render(&snap, &state, &title)))

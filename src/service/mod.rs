@@ -172,6 +172,25 @@ impl Service {
         Ok(d.memory.breakdown.into_iter().find(|b| b.moment == Moment::Final))
     }
 
+    /// The original upload, open at its start, and the file name to download it under: its
+    /// name with the extension its format has (`run-42` becomes `run-42.pickle`).
+    pub fn download(&self, row: &SnapshotRow) -> Result<(std::fs::File, String), ServiceError> {
+        use std::io::{Read, Seek};
+        let mut file = self.store.blobs.open(&row.sha256).map_err(|_| ServiceError::Missing("upload"))?;
+        let mut head = [0u8; 64];
+        let n = file.read(&mut head).map_err(StoreError::from)?;
+        file.rewind().map_err(StoreError::from)?;
+        let safe: String =
+            row.name.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')).take(100).collect();
+        let mut name = if safe.is_empty() { "snapshot".to_string() } else { safe };
+        let ext = ingest::extension(&head[..n]);
+        let known = [".pickle", ".pkl", ".json", ".gz", ".zst", ".pt"];
+        if !known.iter().any(|k| name.to_ascii_lowercase().ends_with(k)) {
+            name.push_str(ext);
+        }
+        Ok((file, name))
+    }
+
     /// Deletes a snapshot and drops it from the cache; false when there was none.
     pub async fn delete(&self, id: &str) -> Result<bool, ServiceError> {
         let gone = self.store.delete(id).await?;

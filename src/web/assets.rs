@@ -33,6 +33,7 @@ pub const ASSETS: &[(&str, &str, &[u8])] = assets! {
     "js/page/controls.js" => "text/javascript; charset=utf-8",
     "js/page/pinners.js" => "text/javascript; charset=utf-8",
     "openapi.json" => "application/json",
+    "favicon.svg" => "image/svg+xml",
 };
 
 fn etags() -> &'static Vec<String> {
@@ -48,6 +49,15 @@ fn etags() -> &'static Vec<String> {
 }
 
 pub async fn serve(Path(path): Path<String>, headers: HeaderMap) -> Response {
+    asset(&path, &headers)
+}
+
+/// Browsers ask for `/favicon.ico` whatever the page links: the same icon.
+pub async fn favicon(headers: HeaderMap) -> Response {
+    asset("favicon.svg", &headers)
+}
+
+fn asset(path: &str, headers: &HeaderMap) -> Response {
     let Some(i) = ASSETS.iter().position(|(p, _, _)| *p == path) else {
         return (StatusCode::NOT_FOUND, "no such file").into_response();
     };

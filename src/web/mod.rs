@@ -88,6 +88,7 @@ pub fn router(state: AppState) -> Router {
         .route("/", axum::routing::get(pages::home))
         .route("/s/{id}", axum::routing::get(pages::snapshot))
         .route("/static/{*path}", axum::routing::get(assets::serve))
+        .route("/favicon.ico", axum::routing::get(assets::favicon))
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .fallback(not_found)
         .with_state(state);

@@ -31,6 +31,8 @@ struct Recent {
     size: String,
     date: String,
     verdict: String,
+    /// `fragmentation`, `capacity`, `no-oom`, or the status while not ready: a class name.
+    verdict_class: String,
 }
 
 #[derive(Template)]
@@ -156,6 +158,10 @@ pub async fn home(State(app): State<AppState>) -> Result<Html<String>, PageError
                 date: date(r.created_at),
                 verdict: match r.status {
                     Status::Ready => r.verdict.clone().unwrap_or_default().replace('_', " "),
+                    s => s.as_str().to_string(),
+                },
+                verdict_class: match r.status {
+                    Status::Ready => r.verdict.clone().unwrap_or_default().replace('_', "-"),
                     s => s.as_str().to_string(),
                 },
                 id: r.id,

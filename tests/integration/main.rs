@@ -4,6 +4,7 @@ mod browser;
 mod categories;
 mod diagnosis;
 mod external;
+mod first_hour;
 mod hardening;
 mod hostile;
 mod js;

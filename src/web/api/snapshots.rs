@@ -143,10 +143,7 @@ pub async fn delete(
 /// The original upload, as an attachment (never rendered by the browser).
 pub async fn blob(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let row = app.row(&id).await?;
-    let file = app.service.store.blobs.open(&row.sha256).map_err(|_| ApiError::NotFound("upload"))?;
-    let safe: String =
-        row.name.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')).take(100).collect();
-    let filename = if safe.is_empty() { "snapshot".to_string() } else { safe };
+    let (file, filename) = app.service.download(&row)?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     Ok((
         [

@@ -97,7 +97,7 @@ export class SegMap {
       const seg = this.map.segments[this.rowOrder[r]];
       const y = (r - first) * ROW + 3;
       ctx.fillStyle = "#334";
-      ctx.fillText(`${seg.address.slice(-10)} ${bytes(seg.size)}`, 4, y + BAR / 2);
+      ctx.fillText(`${seg.address} ${bytes(seg.size)}`, 4, y + BAR / 2);
       const rowRuns = runs(seg, this.view.x0, this.view.bpp, width);
       this.rows.push({ r, seg, runs: rowRuns, y });
       for (const run of rowRuns) this.drawRun(ctx, seg, run, y);

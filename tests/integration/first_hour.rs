@@ -1,0 +1,40 @@
+//! What a new user meets first: the CLI's arguments and messages, the page's small parts
+//! (an icon, verdict styles, the download's file name).
+
+use std::process::Command;
+
+use crate::util::*;
+
+#[test]
+fn devices_are_named_as_people_write_them_and_event_ranges_are_stated_right() {
+    let path = snapshot_path("two_devices");
+    let out = Command::new(bin()).args(["simulate", "--device", "cuda:1"]).arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(bin()).args(["state", "--device", "1"]).arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(bin()).args(["simulate", "--device", "gpu1"]).arg(&path).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`cuda:N` or `N`"));
+    // seed_frag_default has 31 events: 0 to 30.
+    let seed = snapshot_path("seed_frag_default");
+    let out = Command::new(bin()).args(["state", "--event", "31"]).arg(&seed).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("0 to 30"), "{err}");
+}
+
+#[test]
+fn the_icon_exists_verdicts_have_classes_and_downloads_keep_their_format() {
+    let server = TestServer::start(&[]);
+    let icon = server.get("/favicon.ico");
+    assert_eq!(icon.status(), 200);
+    assert_eq!(icon.headers()["content-type"], "image/svg+xml");
+    let client = TestServer::client();
+    let bytes = std::fs::read(snapshot_path("seed_frag_default")).unwrap();
+    let r: serde_json::Value =
+        client.post(server.url("/api/v1/snapshots?name=run-42")).body(bytes).send().unwrap().json().unwrap();
+    let id = r["id"].as_str().unwrap();
+    server.wait_done(id);
+    let home = server.get("/").text().unwrap();
+    assert!(home.contains(r#"class="verdict-fragmentation""#), "one class, no space");
+    let blob = server.get(&format!("/api/v1/snapshots/{id}/blob"));
+    assert_eq!(blob.headers()["content-disposition"], r#"attachment; filename="run-42.pickle""#);
+}
