@@ -13,6 +13,8 @@ pub enum ApiError {
     NotFound(&'static str),
     BadRequest(String),
     Unauthorized,
+    /// A token was given, but not the server's.
+    WrongToken,
     TooLarge(String),
     /// The client stopped sending.
     Timeout(String),
@@ -33,6 +35,11 @@ impl ApiError {
             ApiError::Unauthorized => {
                 (StatusCode::UNAUTHORIZED, "unauthorized", "this needs `Authorization: Bearer <token>`".into())
             }
+            ApiError::WrongToken => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the token given is not this server's (`--token`): check it for typos".into(),
+            ),
             ApiError::TooLarge(d) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large", d.clone()),
             ApiError::Timeout(d) => (StatusCode::REQUEST_TIMEOUT, "timeout", d.clone()),
             ApiError::UnsupportedMedia(d) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_format", d.clone()),

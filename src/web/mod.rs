@@ -51,7 +51,7 @@ impl AppState {
         let Some(given) = given else { return Err(ApiError::Unauthorized) };
         let same =
             given.len() == token.len() && given.bytes().zip(token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
-        if same { Ok(()) } else { Err(ApiError::Unauthorized) }
+        if same { Ok(()) } else { Err(ApiError::WrongToken) }
     }
 
     /// The snapshot of a link, or 404 (the same for a malformed id as for an unknown one).

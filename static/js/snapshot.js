@@ -70,6 +70,7 @@ function ready() {
     loadActive();
   });
   sortSel.value = state.sort;
+  map.setSort(state.sort);
   sortSel.addEventListener("change", () => {
     state.sort = sortSel.value;
     map.setSort(state.sort);
@@ -135,6 +136,8 @@ function ready() {
     const p = await r.json();
     pinnersAt.textContent = `after event ${e}: ${bytes(p.pinned.bytes)} pinned in ${p.pinned.segments} segments`;
     siteKeys = p.pinners.map((x) => siteKey(x.call_site));
+    document.getElementById("pinners").hidden = p.pinners.length === 0;
+    if (p.pinners.length === 0) pinnersAt.textContent = `after event ${e}: no free memory is pinned by live blocks`;
     renderPinners(pinnersBody, p.pinners, state.site, (i) => {
       state.site = state.site === i ? null : i;
       map.highlight(state.site === null ? null : siteKeys[i]);

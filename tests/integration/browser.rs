@@ -354,3 +354,46 @@ fn the_map_and_the_active_chart_colour_by_category_and_the_timeline_marks_steps(
         c.close().await.unwrap();
     });
 }
+
+/// A share link reopens what was shared: the sort and the selected block's details, opened
+/// cold, are as they were in the view that made the link.
+#[test]
+fn a_link_opened_cold_restores_the_sort_and_the_selected_blocks_details() {
+    let Some(d) = driver() else { return };
+    let server = TestServer::start(&[]);
+    let id = server.upload(&snapshot_path("seed_frag_default"))["id"].as_str().unwrap().to_string();
+    server.wait_done(&id);
+    let map = server.get_json(&format!("/api/v1/snapshots/{id}/devices/0/state"));
+    let live = map["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["blocks"].as_array().unwrap().clone())
+        .find(|b| b["state"] == "active_allocated")
+        .unwrap();
+    let address = live["address"].as_str().unwrap().to_string();
+    runtime().block_on(async {
+        let c = browser(&d).await;
+        // The view that makes the link: sort by pinned bytes through the page's own control.
+        c.goto(&server.url(&format!("/s/{id}"))).await.unwrap();
+        wait_ready(&c).await;
+        c.execute(
+            "const s = document.getElementById('sort'); s.value = 'pinned'; s.dispatchEvent(new Event('change'));",
+            vec![],
+        )
+        .await
+        .unwrap();
+        let made = layout(&c).await["order"].clone();
+        // The same view, opened cold from a link.
+        let url = server.url(&format!("/s/{id}#sort=pinned&sel={address}"));
+        c.goto(&server.url("/")).await.unwrap();
+        c.goto(&url).await.unwrap();
+        wait_ready(&c).await;
+        assert_eq!(js(&c, "return document.getElementById('sort').value").await, json!("pinned"));
+        assert_eq!(layout(&c).await["order"], made, "the rows are in the order the link was made in");
+        assert_eq!(js(&c, "return document.getElementById('details').hidden").await, json!(false));
+        let details = js(&c, "return document.getElementById('details').textContent").await;
+        assert!(details.as_str().unwrap().contains(&address), "{details}");
+        c.close().await.unwrap();
+    });
+}

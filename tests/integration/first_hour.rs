@@ -38,3 +38,17 @@ fn the_icon_exists_verdicts_have_classes_and_downloads_keep_their_format() {
     let blob = server.get(&format!("/api/v1/snapshots/{id}/blob"));
     assert_eq!(blob.headers()["content-disposition"], r#"attachment; filename="run-42.pickle""#);
 }
+
+#[test]
+fn a_wrong_token_is_told_apart_from_a_missing_one() {
+    let server = TestServer::start(&["--token", "s3cret"]);
+    let client = TestServer::client();
+    let missing: serde_json::Value = client.get(server.url("/api/v1/snapshots")).send().unwrap().json().unwrap();
+    assert!(missing["detail"].as_str().unwrap().contains("needs"), "{missing}");
+    let wrong = client.get(server.url("/api/v1/snapshots")).bearer_auth("s3creT").send().unwrap();
+    assert_eq!(wrong.status(), 401);
+    let wrong: serde_json::Value = wrong.json().unwrap();
+    assert!(wrong["detail"].as_str().unwrap().contains("not this server's"), "{wrong}");
+    let right = client.get(server.url("/api/v1/snapshots")).bearer_auth("s3cret").send().unwrap();
+    assert_eq!(right.status(), 200);
+}

@@ -33,7 +33,21 @@ export class SegMap {
     if (Math.abs(this.canvas.clientHeight - want) > 2) this.canvas.style.height = `${want}px`;
     this.rowOrder = order(map.segments, this.sort);
     if (!this.fitted) this.resetView();
+    this.showSelected();
     this.draw();
+  }
+
+  /** The details of the selected block, where this map has it (a link opened cold, say). */
+  showSelected() {
+    if (!this.map || !this.sel) return;
+    for (const seg of this.map.segments) {
+      const block = seg.blocks.find((b) => b.address === this.sel);
+      if (block) {
+        this.details.textContent = this.describe({ seg, block }).join("\n");
+        this.details.hidden = false;
+        return;
+      }
+    }
   }
 
   setSort(sort) {

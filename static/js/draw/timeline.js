@@ -117,8 +117,13 @@ export class Timeline {
       ctx.stroke();
       const b = bucketOf(tl, this.cursor);
       const label = `${this.cursor}: reserved ${bytes(tl.max.reserved_bytes[b])}, allocated ${bytes(tl.max.allocated_bytes[b])}`;
+      // On a white plate, below the OOM labels: the bars and the cursor never strike through it.
+      const lw = ctx.measureText(label).width;
+      const lx = Math.min(x + 4, w - lw - 4);
+      ctx.fillStyle = "rgba(255, 255, 255, .9)";
+      ctx.fillRect(lx - 2, PAD.t + 15, lw + 4, 14);
       ctx.fillStyle = "#000";
-      ctx.fillText(label, Math.min(x + 4, w - ctx.measureText(label).width - 4), PAD.t + 22);
+      ctx.fillText(label, lx, PAD.t + 22);
     }
     if (this.brush) {
       ctx.fillStyle = "rgba(26, 95, 180, .15)";
