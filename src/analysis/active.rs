@@ -42,18 +42,8 @@ pub enum Group<'a> {
     Category(&'a Labels),
 }
 
-pub fn active_by_site(
-    snapshot: &Snapshot,
-    device: &Device,
-    replay: &Replay,
-    range: std::ops::Range<usize>,
-    points: usize,
-    top: usize,
-) -> ActiveBySite {
-    active_by(snapshot, device, replay, range, points, top, Group::Site)
-}
-
-/// The same, grouped as `group` says.
+/// Live bytes over events `range` in `points` buckets, grouped as `group` says: by call
+/// site (the `top` by peak apart, the rest as `other`) or by category.
 pub fn active_by(
     snapshot: &Snapshot,
     device: &Device,
