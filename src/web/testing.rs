@@ -54,15 +54,19 @@ async fn a_small_upload_is_checked_in_the_request_and_analysed_in_the_background
         .bytes();
     let (status, body) = post(&app, "/api/v1/snapshots?name=built", bytes).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    let created: serde_json::Value = serde_json::from_str(&body).unwrap();
-    let id = created["id"].as_str().unwrap();
+    #[derive(serde::Deserialize)]
+    struct Created {
+        id: String,
+    }
+    let id = serde_json::from_str::<Created>(&body).unwrap().id;
     for _ in 0..200 {
         let (_, s) = get(&app, &format!("/api/v1/snapshots/{id}")).await;
         if s.contains(r#""status":"ready""#) {
             let (status, a) = get(&app, &format!("/api/v1/snapshots/{id}/analysis")).await;
             assert_eq!(status, StatusCode::OK);
-            let a: serde_json::Value = serde_json::from_str(&a).unwrap();
-            assert_eq!(a["devices"][0]["final"]["allocated_bytes"], 4 * MIB);
+            // The document the API serves reads back as the typed contract.
+            let a: crate::analysis::Analysis = serde_json::from_str(&a).unwrap();
+            assert_eq!(a.devices[0].final_state.allocated_bytes, 4 * MIB);
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
