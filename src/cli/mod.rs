@@ -137,7 +137,17 @@ fn simulate(
         println!("{}", serde_json::to_string_pretty(&outcome).unwrap_or_default());
     } else {
         let cap = outcome.capacity_bytes.map(|c| format!(" within {}", bytes(c))).unwrap_or_default();
-        println!("device {} under {}{cap}: {} events replayed", outcome.device, outcome.conf, outcome.replayed_events);
+        let mut with = String::new();
+        if let Some(site) = &settings.mempool {
+            with.push_str(&format!(", a MemPool around {site}"));
+        }
+        if let Some(site) = &settings.reuse {
+            with.push_str(&format!(", one buffer reused at {site}"));
+        }
+        println!(
+            "device {} under {}{with}{cap}: {} events replayed",
+            outcome.device, outcome.conf, outcome.replayed_events
+        );
         println!("  peak reserved  {}", bytes(outcome.peak_reserved_bytes));
         println!("  peak allocated {}", bytes(outcome.peak_allocated_bytes));
         match &outcome.oom {

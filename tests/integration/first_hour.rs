@@ -52,3 +52,17 @@ fn a_wrong_token_is_told_apart_from_a_missing_one() {
     let right = client.get(server.url("/api/v1/snapshots")).bearer_auth("s3cret").send().unwrap();
     assert_eq!(right.status(), 200);
 }
+
+#[test]
+fn a_simulation_names_the_pool_or_buffer_it_tried() {
+    let seed = snapshot_path("seed_frag_default");
+    for (flag, words) in [
+        ("--mempool", "a MemPool around repro/gen_real_snapshots.py:51"),
+        ("--reuse", "one buffer reused at repro/gen_real_snapshots.py:51"),
+    ] {
+        let out =
+            Command::new(bin()).args(["simulate", flag, "repro/gen_real_snapshots.py:51"]).arg(&seed).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.lines().next().unwrap_or("").contains(words), "{text}");
+    }
+}
