@@ -127,10 +127,24 @@ pub async fn serve(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(days) = state.config.retain_days {
         tokio::spawn(retention(store.clone(), state.service.loaded.clone(), days));
     }
-    let listener = tokio::net::TcpListener::bind(state.config.addr).await?;
+    let wanted = state.config.addr;
+    let listener = match tokio::net::TcpListener::bind(wanted).await {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            let msg = format!(
+                "{wanted} is already in use (another fragscope, or another server): choose a free port with --addr, e.g. --addr 127.0.0.1:0"
+            );
+            return Err(msg.into());
+        }
+        Err(e) => return Err(format!("cannot listen on {wanted}: {e}").into()),
+    };
     let addr = listener.local_addr()?;
-    // Tests and scripts read this line to find the port.
-    println!("fragscope listening on http://{addr}");
+    // Tests and scripts read this line to find the port: a URL a browser on this machine opens.
+    if addr.ip().is_unspecified() {
+        println!("fragscope listening on http://127.0.0.1:{} (and on every address of this machine)", addr.port());
+    } else {
+        println!("fragscope listening on http://{addr}");
+    }
     let stop = Arc::new(tokio::sync::Notify::new());
     let stopping = stop.clone();
     let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {

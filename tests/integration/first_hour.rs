@@ -66,3 +66,21 @@ fn a_simulation_names_the_pool_or_buffer_it_tried() {
         assert!(out.status.success() && text.lines().next().unwrap_or("").contains(words), "{text}");
     }
 }
+
+#[test]
+fn a_port_in_use_is_named_with_what_to_do() {
+    let server = TestServer::start(&[]);
+    let addr = server.url("").trim_start_matches("http://").trim_end_matches('/').to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_bounded(
+        {
+            let mut c = Command::new(bin());
+            c.args(["serve", "--addr", &addr, "--data-dir"]).arg(dir.path());
+            c
+        },
+        std::time::Duration::from_secs(20),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a second server on {addr} must not start");
+    assert!(err.contains(&addr) && err.contains("already in use") && err.contains("--addr"), "{err}");
+}
