@@ -7,6 +7,11 @@ const drop = document.getElementById("drop");
 const input = document.getElementById("files");
 const list = document.getElementById("uploads");
 const token = document.getElementById("token");
+// The token is remembered for this browser session (not across sessions, not in the URL).
+if (token) {
+  token.value = sessionStorage.getItem("fragscope-token") || "";
+  token.addEventListener("change", () => sessionStorage.setItem("fragscope-token", token.value));
+}
 
 drop.addEventListener("dragover", (ev) => {
   ev.preventDefault();

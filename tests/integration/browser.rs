@@ -31,7 +31,7 @@ impl Drop for Driver {
 fn driver() -> Option<Driver> {
     if !std::path::Path::new(CHROMIUM).exists() || !std::path::Path::new(DRIVER).exists() {
         assert!(std::env::var("CI").is_err(), "CI must have chromium and chromium-driver");
-        eprintln!("skipped: Debian's chromium and chromium-driver are not installed");
+        skipped("Debian's chromium and chromium-driver are not installed");
         return None;
     }
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();

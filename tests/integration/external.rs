@@ -17,7 +17,7 @@ fn corpus() -> Option<PathBuf> {
 #[test]
 fn every_external_snapshot_reads_and_replays_to_its_final_state() {
     let Some(dir) = corpus() else {
-        eprintln!("skipped: ../shared/fixtures/external is not beside this checkout");
+        crate::util::skipped("../shared/fixtures/external is not beside this checkout");
         return;
     };
     let expected: serde_json::Value =

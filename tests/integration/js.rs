@@ -9,7 +9,7 @@ use crate::util::run_bounded;
 fn the_page_data_modules_pass_their_node_tests() {
     if Command::new("node").arg("--version").output().is_err() {
         assert!(std::env::var("CI").is_err(), "CI must have node");
-        eprintln!("skipped: node is not installed");
+        crate::util::skipped("node is not installed");
         return;
     }
     let mut cmd = Command::new("node");

@@ -18,7 +18,7 @@ fn the_notebook_uploads_waits_and_loads_dataframes() {
     if !has_pandas() {
         // CI installs them (.ci/run); elsewhere say why this did not run.
         assert!(std::env::var("CI").is_err(), "CI must have requests and pandas for the notebook test");
-        eprintln!("skipped: python3 lacks requests or pandas (pip install requests pandas)");
+        skipped("python3 lacks requests or pandas (pip install requests pandas)");
         return;
     }
     let server = TestServer::start(&[]);

@@ -47,6 +47,13 @@ pub fn truth(name: &str) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// Says that a test skipped and why, on the terminal: libtest captures `eprintln!`, which
+/// would make the skip silent; a write to the stderr handle is not captured.
+pub fn skipped(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "skipped: {why}");
+}
+
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_fragscope")
 }
