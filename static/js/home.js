@@ -30,6 +30,7 @@ function start(files) {
   Promise.all(jobs).then((pages) => {
     const done = pages.filter(Boolean);
     if (files.length === 1 && done.length === 1) location.href = done[0];
+    else refreshRecent();
   });
 }
 
@@ -87,7 +88,7 @@ async function follow(created, bar, status) {
     if (s.status === "ready" || s.status === "failed") {
       const a = document.createElement("a");
       a.href = created.page_url;
-      a.textContent = s.status === "ready" ? "Open the diagnosis" : "See why it failed";
+      a.textContent = s.status === "ready" ? `Open the diagnosis: ${verdictWords(s.verdict)}` : "See why it failed";
       status.replaceChildren(a);
       if (s.status === "failed") {
         const why = document.createElement("div");
@@ -99,4 +100,18 @@ async function follow(created, bar, status) {
     }
     await new Promise((res) => setTimeout(res, 300));
   }
+}
+
+/** A verdict as the page says it. */
+function verdictWords(v) {
+  return { fragmentation: "out of memory, fragmentation", capacity: "out of memory, capacity", no_oom: "no OOM" }[v] || "ready";
+}
+
+/** The recent snapshots again, as the server renders them (escaped there), after uploads. */
+async function refreshRecent() {
+  const r = await fetch("/");
+  if (!r.ok) return;
+  const fresh = new DOMParser().parseFromString(await r.text(), "text/html").getElementById("recent");
+  const now = document.getElementById("recent");
+  if (fresh && now) now.replaceWith(document.importNode(fresh, true));
 }

@@ -8,7 +8,7 @@ import { bytes, eventLabel } from "./data/format.js";
 import { siteKey } from "./data/colors.js";
 import { SegMap } from "./draw/segmap.js";
 import { pending } from "./page/pending.js";
-import { bindWhatIf, bindCopy } from "./page/controls.js";
+import { bindWhatIf, bindCopy, bindDelete } from "./page/controls.js";
 import { renderPinners } from "./page/pinners.js";
 import { Timeline } from "./draw/timeline.js";
 import { drawActive } from "./draw/active.js";
@@ -16,6 +16,7 @@ import { drawActive } from "./draw/active.js";
 const app = document.getElementById("app");
 const id = app.dataset.id;
 const api = `/api/v1/snapshots/${id}`;
+bindDelete(api);
 
 if (app.dataset.status !== "ready") pending(api);
 else ready();

@@ -43,3 +43,26 @@ export function bindCopy() {
     });
   }
 }
+
+/** The delete button: asks first, sends the session's token (asking for it if the server
+ *  wants one), and goes home once the snapshot is gone. */
+export function bindDelete(api) {
+  const button = document.getElementById("delete");
+  if (!button) return;
+  button.addEventListener("click", async () => {
+    if (!confirm("Delete this snapshot? Its link stops working for everyone.")) return;
+    const send = () => {
+      const t = sessionStorage.getItem("fragscope-token");
+      return fetch(api, { method: "DELETE", headers: t ? { Authorization: `Bearer ${t}` } : {} });
+    };
+    let r = await send();
+    if (r.status === 401) {
+      const t = prompt("This server needs its token to delete:");
+      if (!t) return;
+      sessionStorage.setItem("fragscope-token", t);
+      r = await send();
+    }
+    if (r.ok) location.href = "/";
+    else button.textContent = `delete failed (${r.status})`;
+  });
+}
