@@ -133,10 +133,21 @@ fn simulate(
         Ok(o) => o,
         Err(e) => return Ok(Err(e)),
     };
+    use std::fmt::Write as _;
+    let mut text = String::new();
     if json {
-        println!("{}", serde_json::to_string_pretty(&outcome).unwrap_or_default());
+        text = serde_json::to_string_pretty(&outcome).unwrap_or_default() + "\n";
     } else {
-        let cap = outcome.capacity_bytes.map(|c| format!(" within {}", bytes(c))).unwrap_or_default();
+        let cap = match (outcome.capacity_bytes, outcome.capacity_source) {
+            (Some(c), Some("implied")) => {
+                format!(
+                    " within {} (the budget the OOM implies: the most the process held reserved before it)",
+                    bytes(c)
+                )
+            }
+            (Some(c), _) => format!(" within {}", bytes(c)),
+            (None, _) => " with no budget (none given, and no OOM in the trace implies one)".to_string(),
+        };
         let mut with = String::new();
         if let Some(site) = &settings.mempool {
             with.push_str(&format!(", a MemPool around {site}"));
@@ -144,27 +155,33 @@ fn simulate(
         if let Some(site) = &settings.reuse {
             with.push_str(&format!(", one buffer reused at {site}"));
         }
-        println!(
+        let _ = writeln!(
+            text,
             "device {} under {}{with}{cap}: {} events replayed",
             outcome.device, outcome.conf, outcome.replayed_events
         );
-        println!("  peak reserved  {}", bytes(outcome.peak_reserved_bytes));
-        println!("  peak allocated {}", bytes(outcome.peak_allocated_bytes));
+        let _ = writeln!(text, "  peak reserved  {}", bytes(outcome.peak_reserved_bytes));
+        let _ = writeln!(text, "  peak allocated {}", bytes(outcome.peak_allocated_bytes));
         match &outcome.oom {
-            Some(o) => println!(
+            Some(o) => writeln!(
+                text,
                 "  OOM at event {}: {} requested with {} reserved, {} allocated",
                 o.event_index,
                 bytes(o.requested_bytes),
                 bytes(o.reserved_bytes),
                 bytes(o.allocated_bytes)
             ),
-            None => println!(
+            None => writeln!(
+                text,
                 "  no OOM; {} reserved at the end, {} of it free but pinned",
                 bytes(outcome.final_reserved_bytes),
                 bytes(outcome.pinned_free_bytes_at_end)
             ),
         }
+        .unwrap_or(());
     }
+    // A closed pipe (`| head`) is not an error worth a panic.
+    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
     Ok(Ok(()))
 }
 

@@ -64,6 +64,10 @@ pub struct Outcome {
     pub device: i64,
     pub conf: String,
     pub capacity_bytes: Option<u64>,
+    /// Where the budget came from: `given`, or `implied` (by the trace's OOM: the most the
+    /// process held reserved before it); absent when there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_source: Option<&'static str>,
     pub replayed_events: u64,
     pub peak_reserved_bytes: u64,
     pub peak_allocated_bytes: u64,
@@ -332,11 +336,12 @@ pub fn simulate(snapshot: &Snapshot, device: &Device, settings: &Settings) -> Re
             return Err(format!("no allocation in the trace comes from {site:?}"));
         }
     }
+    let capacity = settings.capacity.or_else(|| implied_budget(device, events));
     let mut sim = Sim {
         trace: None,
         snapshot,
         events,
-        alloc: Allocator::new(rules, settings.capacity),
+        alloc: Allocator::new(rules, capacity),
         tags: HashMap::new(),
         pools: HashMap::new(),
         mempool: settings.mempool.clone().map(|s| (s, HashMap::new())),
@@ -349,7 +354,12 @@ pub fn simulate(snapshot: &Snapshot, device: &Device, settings: &Settings) -> Re
     Ok(Outcome {
         device: device.device,
         conf,
-        capacity_bytes: settings.capacity,
+        capacity_bytes: capacity,
+        capacity_source: match (settings.capacity, capacity) {
+            (Some(_), _) => Some("given"),
+            (None, Some(_)) => Some("implied"),
+            (None, None) => None,
+        },
         replayed_events: sim.replayed,
         peak_reserved_bytes: sim.alloc.peak_reserved,
         peak_allocated_bytes: sim.alloc.peak_allocated,
@@ -357,6 +367,26 @@ pub fn simulate(snapshot: &Snapshot, device: &Device, settings: &Settings) -> Re
         final_reserved_bytes: sim.alloc.reserved,
         pinned_free_bytes_at_end: sim.alloc.pinned_free_bytes(),
     })
+}
+
+/// The budget a trace that ran out of memory implies: the most the process held reserved
+/// before its first OOM (the limit was at least that). Reserved bytes over the trace follow
+/// from the final segments and the segment events; None without an OOM.
+fn implied_budget(device: &Device, events: &[Event]) -> Option<u64> {
+    let first_oom = events.iter().position(|e| e.action == Action::OOM)?;
+    let grows = |e: &Event| match e.action {
+        Action::SEGMENT_ALLOC | Action::SEGMENT_MAP => e.size as i128,
+        Action::SEGMENT_FREE | Action::SEGMENT_UNMAP => -(e.size as i128),
+        _ => 0,
+    };
+    let end: i128 = device.segments.iter().map(|s| s.total_size as i128).sum();
+    let mut reserved = end - events.iter().map(grows).sum::<i128>();
+    let mut most = reserved;
+    for e in &events[..first_oom] {
+        reserved += grows(e);
+        most = most.max(reserved);
+    }
+    u64::try_from(most).ok().filter(|b| *b > 0)
 }
 
 /// A call site as `--mempool` and `--reuse` take it.

@@ -84,3 +84,19 @@ fn a_port_in_use_is_named_with_what_to_do() {
     assert!(!out.status.success(), "a second server on {addr} must not start");
     assert!(err.contains(&addr) && err.contains("already in use") && err.contains("--addr"), "{err}");
 }
+
+#[test]
+fn a_simulation_without_a_budget_takes_the_one_the_oom_implies_and_says_so() {
+    // The seed run died under a 6 GiB budget (its truth's cap_bytes) at its trace's OOM.
+    let seed = snapshot_path("seed_frag_default");
+    let cap = truth("seed_frag_default")["info"]["cap_bytes"].as_u64().unwrap();
+    let real_oom = analyze_json(&seed)["devices"][0]["ooms"][0]["event_index"].clone();
+    let out = Command::new(bin()).args(["simulate", "--json", "--conf", ""]).arg(&seed).output().unwrap();
+    let o: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(o["capacity_source"], "implied");
+    assert!(o["capacity_bytes"].as_u64().unwrap() <= cap, "{o}");
+    assert_eq!(o["oom"]["event_index"], real_oom, "the default allocator dies where the real run did");
+    // A run without an OOM implies no budget, and the text says so.
+    let out = Command::new(bin()).arg("simulate").arg(snapshot_path("compiled_train")).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no budget"));
+}

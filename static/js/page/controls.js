@@ -23,7 +23,8 @@ export function bindWhatIf(api) {
         return;
       }
       const verdict = o.oom ? `out of memory at event ${o.oom.event_index} (${bytes(o.oom.requested_bytes)} requested)` : "no OOM";
-      out.textContent = `Predicted: ${verdict}, peak ${bytes(o.peak_reserved_bytes)} reserved, ${bytes(o.pinned_free_bytes_at_end)} pinned at the end (${o.replayed_events} events replayed).`;
+      const within = o.capacity_bytes === null ? " (no budget)" : ` within ${bytes(o.capacity_bytes)}${o.capacity_source === "implied" ? ", the budget the OOM implies" : ""}`;
+      out.textContent = `Predicted${within}: ${verdict}, peak ${bytes(o.peak_reserved_bytes)} reserved, ${bytes(o.pinned_free_bytes_at_end)} pinned at the end (${o.replayed_events} events replayed).`;
     });
   }
 }
