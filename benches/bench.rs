@@ -103,7 +103,7 @@ fn replay_table(path: &Path) {
         let state = replay.state_at(snap, Some(event));
         state_ms.push(t.elapsed().as_secs_f64() * 1e3);
         // What the breakdown route does: the state, then its blocks by category and call site.
-        let moment = analysis::breakdown::Moment::Event;
+        let moment = analysis::Moment::Event;
         let b = analyzed.indexes[0].breakdown(snap, &state, moment, Some(event as u64));
         breakdown_ms.push(t.elapsed().as_secs_f64() * 1e3);
         std::hint::black_box((state, b));

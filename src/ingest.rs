@@ -17,9 +17,12 @@ use sha2::{Digest, Sha256};
 use crate::reader::{self, Failure, Limits, ReadError};
 use crate::snapshot::{self, ModelError, Snapshot, SnapshotSink, Source};
 
+/// Limits for one ingest.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// The reader's caps on sizes, depth and counts.
     pub limits: Limits,
+    /// Most trace events accepted over all devices.
     pub max_events: u64,
     /// Largest accepted decompressed/compressed ratio.
     pub max_ratio: u64,
@@ -33,27 +36,37 @@ impl Default for Options {
     }
 }
 
+/// A parsed snapshot and what its file was.
 #[derive(Debug)]
 pub struct Ingested {
+    /// The typed model.
     pub snapshot: Snapshot,
+    /// Size, hash and format of the file.
     pub source: Source,
 }
 
+/// Why bytes are not a snapshot we can read.
 #[derive(Debug)]
 pub enum IngestError {
+    /// No bytes at all.
     Empty,
     /// A format we recognise but do not read (xz, a compressed stream inside another).
     Unsupported(String),
     /// The reader refused the bytes; `stream` says which bytes the offset counts.
     Read {
+        /// What the reader refused, and where.
         error: ReadError,
+        /// `file`, or the decompressed stream the offset counts in.
         stream: &'static str,
     },
     /// The bytes were a valid pickle or JSON, but not a memory snapshot.
     Model {
+        /// What in the snapshot had the wrong type or shape.
         error: ModelError,
+        /// Bytes read when it was found.
         offset: u64,
     },
+    /// Reading the input failed.
     Io(std::io::Error),
 }
 

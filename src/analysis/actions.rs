@@ -6,18 +6,23 @@ use serde::{Deserialize, Serialize};
 
 use crate::snapshot::{Device, Snapshot};
 
+/// How many events of each kind the trace holds, and the time it spans.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TraceSummary {
+    /// Events of this device.
     pub events: u64,
     /// Events per action name, unknown actions included.
     pub actions: BTreeMap<String, u64>,
+    /// Time of the first timed event, microseconds.
     pub first_time_us: Option<i64>,
+    /// Time of the last timed event, microseconds.
     pub last_time_us: Option<i64>,
     /// False when the trace does not reach back to an empty allocator: the ring buffer
     /// dropped its oldest events (or recording started after memory was allocated).
     pub complete: bool,
 }
 
+/// Counts one device's events; `complete` comes from the replay.
 pub fn trace_summary(snapshot: &Snapshot, device: &Device, complete: bool) -> TraceSummary {
     let events = snapshot.device_events(device);
     let mut counts = [0u64; 256];

@@ -22,6 +22,7 @@ pub const TOP_SITES: usize = 20;
 pub enum Moment {
     /// The peak of allocated bytes.
     Peak,
+    /// The first OOM (the request that failed is not counted).
     Oom,
     /// The end of the trace (the snapshot's `segments`).
     Final,

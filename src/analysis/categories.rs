@@ -1,6 +1,6 @@
 //! What each allocation holds: parameters, gradients, optimizer state, activations,
 //! temporaries, inputs, other, or unknown. Each allocation of the trace gets one category
-//! from its stack, its phase ([`super::phases`]) and its lifetime (the whole trace is known,
+//! from its stack, its phase (`phases`) and its lifetime (the whole trace is known,
 //! so "alive into the backward" is a fact, not a guess). The rules, first match wins:
 //!
 //! 1. No frames anywhere in the recording: `unknown` (nothing to tell phases apart).
@@ -38,17 +38,26 @@ use crate::snapshot::{Action, Event, Snapshot, StackId};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Category {
+    /// Model weights: made by a module's init, `.to()` / `.cuda()` or `nn.init`.
     Parameter,
+    /// Made in backward and kept: parameter-sized, or freed in the optimizer (zero_grad).
     Gradient,
+    /// Made by the optimizer and kept past its step.
     OptimizerState,
+    /// Made in forward and alive into the backward.
     Activation,
+    /// Freed within the phase that made it.
     Temporary,
+    /// The batch: made by user code before the model runs, alive into the forward.
     Input,
+    /// Kept across steps: a cache, the loss, a leak.
     Other,
+    /// No frame or phase to tell (a trace recorded without stacks, or before the trace).
     Unknown,
 }
 
 impl Category {
+    /// Every category, in the order reports list them.
     pub const ALL: [Category; 8] = [
         Category::Parameter,
         Category::Gradient,

@@ -33,6 +33,7 @@ pub struct Counters {
     pub largest_free_block_bytes: u64,
 }
 
+/// The counters of a list of segments, named as `memory_stats()` names them.
 pub fn counters(segments: &[Segment]) -> Counters {
     let mut c = Counters::default();
     for s in segments {

@@ -112,7 +112,7 @@ impl Capture {
             self.best = state.totals.allocated_bytes;
             self.base = self.rolling.clone();
         }
-        if (index + 1) % CHECKPOINT_EVERY == 0 {
+        if (index + 1).is_multiple_of(CHECKPOINT_EVERY) {
             self.rolling = (Rc::new(state.clone()), Some(index));
         }
     }

@@ -16,22 +16,23 @@
 //! never fails on a decoded model.
 
 mod actions;
-pub mod active;
-pub mod advice;
-pub mod breakdown;
-pub mod capacity;
+pub(crate) mod active;
+pub(crate) mod advice;
+pub(crate) mod breakdown;
+pub(crate) mod capacity;
 pub mod categories;
 mod counters;
-pub mod gaps;
-pub mod map;
-pub mod memory;
-pub mod oom;
-pub mod phases;
+pub(crate) mod gaps;
+pub(crate) mod map;
+pub(crate) mod memory;
+pub(crate) mod oom;
+pub(crate) mod phases;
 mod predict;
-pub mod rhythm;
-pub mod timeline;
+pub(crate) mod rhythm;
+pub(crate) mod timeline;
 
 pub use actions::{TraceSummary, trace_summary};
+pub use breakdown::Moment;
 pub use counters::{Counters, counters};
 
 use foldhash::{HashMap, HashMapExt};
@@ -50,22 +51,31 @@ use timeline::{Peak, Timeline};
 /// The analysis document. Later versions add keys; they never rename these.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Analysis {
+    /// What the file was.
     pub source: Source,
+    /// `allocator_settings` as the snapshot recorded them (torch >= 2.3).
     pub allocator_settings: Option<serde_json::Value>,
     /// `external_annotations` (torch >= 2.5): named ranges such as optimizer steps.
     pub annotations: Vec<crate::snapshot::Annotation>,
     /// Contradictions in the file, and how they were repaired before analysis.
     pub warnings: Vec<String>,
+    /// One analysis per device.
     pub devices: Vec<DeviceAnalysis>,
 }
 
+/// Everything reported about one device.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeviceAnalysis {
+    /// The CUDA device index.
     pub device: i64,
+    /// The counters of the final `segments`.
     #[serde(rename = "final")]
     pub final_state: Counters,
+    /// What the trace holds.
     pub trace: TraceSummary,
+    /// The peaks over the trace.
     pub peak: Peak,
+    /// Every OOM, with its verdict.
     pub ooms: Vec<Oom>,
     /// Pinned free memory at the end.
     pub pinned: PinnedSummary,
@@ -73,28 +83,38 @@ pub struct DeviceAnalysis {
     pub pinners: Vec<Pinner>,
     /// The largest pinned gaps at the end.
     pub gaps: Vec<Gap>,
+    /// The step-like rhythm of reserved memory, where the trace repeats.
     pub rhythm: Rhythm,
+    /// The verdict and the remedies.
     pub diagnosis: Diagnosis,
     /// What fills memory: `breakdown`, `steps`, `growth` (absent from analyses stored before).
     #[serde(flatten, default)]
     pub memory: memory::Memory,
+    /// How faithfully the replay reproduces the final state.
     pub replay: ReplayReport,
 }
 
 /// How faithful the replay is: it must end at the final `segments`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ReplayReport {
+    /// The replay ends at the final `segments`.
     pub matches_final: bool,
+    /// How it differs where it does not.
     pub mismatches: Vec<String>,
+    /// Contradictions the replay met and repaired.
     pub warnings: u64,
+    /// The first of them, word for word.
     pub first_warnings: Vec<String>,
 }
 
 /// The analysis with what serving it needs beyond the JSON: each device's replay (for the
 /// state at any event) and timeline (for the series).
 pub struct Analyzed {
+    /// The JSON document.
     pub analysis: Analysis,
+    /// Each device's replay.
     pub replays: Vec<Replay>,
+    /// Each device's timeline.
     pub timelines: Vec<Timeline>,
     /// Per device: phases and a category for every allocation, for breakdowns at any event.
     pub indexes: Vec<memory::Index>,
@@ -119,10 +139,12 @@ pub struct Options {
     pub capacity: Option<u64>,
 }
 
+/// Analyses a snapshot with the default options.
 pub fn analyze(snapshot: &Snapshot, source: Source, depth: Depth) -> Analyzed {
     analyze_with(snapshot, source, depth, Options::default())
 }
 
+/// Analyses a snapshot; `depth` says how much to keep for serving.
 pub fn analyze_with(snapshot: &Snapshot, source: Source, depth: Depth, options: Options) -> Analyzed {
     let mut devices = Vec::new();
     let (mut replays, mut timelines, mut indexes) = (Vec::new(), Vec::new(), Vec::new());

@@ -22,11 +22,14 @@ use crate::units::bytes;
     version,
     about = "Why did the GPU run out of memory? Reads PyTorch CUDA memory snapshots."
 )]
+/// The `fragscope` command line.
 pub struct Cli {
+    /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the web server (upload snapshots, share diagnosis links, REST API).
@@ -46,6 +49,7 @@ pub enum Command {
     },
     /// Replay the trace through a model of the caching allocator under other settings.
     Simulate {
+        /// The snapshot file.
         file: PathBuf,
         /// The device, when the snapshot holds several: `cuda:1` or `1` (default: the first).
         #[arg(long, value_parser = parse_device)]
@@ -69,6 +73,7 @@ pub enum Command {
     },
     /// Print the segment map at one event: segments to scale, pinned gaps marked.
     State {
+        /// The snapshot file.
         file: PathBuf,
         /// An event index (0 is the first), `start` (before the first), `oom` (the first OOM)
         /// or `final` (the snapshot's segments).
@@ -86,6 +91,7 @@ fn parse_device(s: &str) -> Result<i64, String> {
     n.parse::<i64>().ok().filter(|d| *d >= 0).ok_or_else(|| format!("a device is `cuda:N` or `N`, got {s:?}"))
 }
 
+/// Runs a command; the exit code is 0 on success, 1 on an error, 2 on bad input.
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(config) => serve(config),

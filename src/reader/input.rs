@@ -191,7 +191,7 @@ mod tests {
 
     #[test]
     fn input_size_limit_is_enforced() {
-        let data = vec![0u8; 100];
+        let data = [0u8; 100];
         let mut input = Input::new(&data[..], 10);
         let mut scratch = Vec::new();
         let err = input.take(50, &mut scratch).unwrap_err();

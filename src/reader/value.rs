@@ -181,12 +181,11 @@ impl Heap {
         items.reserve(values.len());
         for &v in values {
             if let (Value::Folded(f), true) = (v, is_list) {
-                if let Some(Item::FoldedRun { start, len }) = items.last_mut() {
-                    if start.checked_add(*len) == Some(f) {
+                if let Some(Item::FoldedRun { start, len }) = items.last_mut()
+                    && start.checked_add(*len) == Some(f) {
                         *len += 1;
                         continue;
                     }
-                }
                 items.push(Item::FoldedRun { start: f, len: 1 });
             } else {
                 items.push(Item::One(v));

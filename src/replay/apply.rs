@@ -106,6 +106,7 @@ fn alloc(state: &mut State, e: &Event, index: u32, rules: &Rules) -> Option<Stri
 }
 
 impl SegmentRec {
+    /// A segment record with no blocks, to be filled in.
     pub fn empty() -> SegmentRec {
         SegmentRec {
             address: 0,

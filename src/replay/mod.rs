@@ -1,15 +1,15 @@
 //! Replay: the allocator's segments and blocks right after any event of a device's trace.
 //!
 //! The state before the first event is derived backwards from the final `segments`
-//! ([`initial`]); events are then applied forwards ([`apply`]) with the allocator's rules
-//! ([`rules`]), and a copy of the state is kept every [`CHECKPOINT_EVERY`] events so any event
+//! (`initial`); events are then applied forwards (`apply`) with the allocator's rules
+//! (`rules`), and a copy of the state is kept every [`CHECKPOINT_EVERY`] events so any event
 //! is reached by replaying at most that many. Analyses observe the one forward pass through
 //! [`Observer`]. Replaying the whole trace must end at the final `segments`; where it does not,
 //! [`Replay::final_mismatches`] says how. Replay never fails: contradictions become warnings.
 
 mod apply;
 mod initial;
-pub mod rules;
+pub(crate) mod rules;
 pub(crate) mod slots;
 mod state;
 
@@ -28,6 +28,7 @@ const MAX_WARNINGS: usize = 20;
 pub trait Observer {
     /// The state before the first event (what the process held when the trace began).
     fn start(&mut self, _initial: &State) {}
+    /// Called after each event with the state it left.
     fn event(&mut self, _index: usize, _event: &Event, _state: &State) {}
 }
 
@@ -36,11 +37,14 @@ impl Observer for () {}
 /// Warnings, counted, with the first few kept word for word.
 #[derive(Debug, Clone, Default)]
 pub struct Warnings {
+    /// How many there were.
     pub count: u64,
+    /// The first few.
     pub first: Vec<String>,
 }
 
 impl Warnings {
+    /// Counts a warning and keeps it if it is among the first.
     pub fn push(&mut self, w: String) {
         self.count += 1;
         if self.first.len() < MAX_WARNINGS {
@@ -59,8 +63,11 @@ impl apply::SegmentHints for FinalHints {
     }
 }
 
+/// One device's trace, replayable to any event from its nearest checkpoint.
 pub struct Replay {
+    /// The CUDA device index.
     pub device: i64,
+    /// The allocator settings the replay follows.
     pub rules: Rules,
     hints: FinalHints,
     initial: State,
@@ -69,6 +76,7 @@ pub struct Replay {
     events: std::ops::Range<usize>,
     /// The derived initial state was empty: the trace covers the process's whole history.
     pub complete: bool,
+    /// Contradictions between the trace and the allocator's rules, repaired on the way.
     pub warnings: Warnings,
     /// How the replayed end differs from the final `segments` (empty when it matches).
     pub final_mismatches: Vec<String>,
@@ -128,6 +136,7 @@ impl Replay {
         }
     }
 
+    /// Number of events on this device.
     pub fn event_count(&self) -> usize {
         self.events.len()
     }

@@ -22,6 +22,7 @@ const MIB: u64 = 1 << 20;
 pub struct Rules {
     /// `max_split_size` in bytes; `u64::MAX` when unlimited (torch reports -1).
     pub max_split_size: u64,
+    /// `expandable_segments:True`: segments grow by mapping pages.
     pub expandable_segments: bool,
     /// `roundup_power2_divisions` for the 16 power-of-two intervals from 1 MiB to 32 GiB.
     pub divisions: [u64; 16],
@@ -48,11 +49,10 @@ impl Rules {
         if let Some(d) = s.get("roundup_power2_divisions").and_then(|v| v.as_object()) {
             for (k, v) in d {
                 // Keys are the interval's start in MiB: "1", "2", ..., "32768".
-                if let (Ok(mib), Some(n)) = (k.parse::<u64>(), v.as_u64()) {
-                    if mib.is_power_of_two() && mib.trailing_zeros() < 16 {
+                if let (Ok(mib), Some(n)) = (k.parse::<u64>(), v.as_u64())
+                    && mib.is_power_of_two() && mib.trailing_zeros() < 16 {
                         rules.divisions[mib.trailing_zeros() as usize] = n;
                     }
-                }
             }
         }
         rules

@@ -1,5 +1,5 @@
 //! What-if: the trace's allocation requests replayed through a model of the caching allocator
-//! ([`allocator`]) under other settings, to predict what the same program would have done.
+//! (`allocator`) under other settings, to predict what the same program would have done.
 //!
 //! The requests are the trace's `alloc` and `free_completed` events in order (and each `oom`
 //! event's request, which the program made and the real allocator refused), each in the pool
@@ -10,7 +10,7 @@
 //! makes by itself. Code remedies are modelled: `mempool` sends a call site's allocations to a
 //! private pool, `reuse` serves them from preallocated buffers of the site's largest size.
 
-pub mod allocator;
+pub(crate) mod allocator;
 
 use std::collections::HashMap;
 
@@ -41,7 +41,9 @@ pub struct Settings {
 /// of an `oom`), and for blocks alive before the trace, by address. 100 where not listed.
 #[derive(Debug, Clone, Default)]
 pub struct Shrink {
+    /// Percent kept by device event index.
     pub events: Vec<u8>,
+    /// Percent kept by address, for blocks alive before the trace.
     pub before: HashMap<u64, u8>,
 }
 
@@ -51,28 +53,43 @@ impl Shrink {
     }
 }
 
+/// Where the model ran out of memory.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct SimOom {
+    /// The event whose request failed.
     pub event_index: u64,
+    /// Bytes asked for.
     pub requested_bytes: u64,
+    /// Bytes reserved when it failed.
     pub reserved_bytes: u64,
+    /// Bytes allocated when it failed.
     pub allocated_bytes: u64,
 }
 
+/// What the model did with the trace.
 #[derive(Debug, Clone, Serialize)]
 pub struct Outcome {
+    /// The CUDA device index.
     pub device: i64,
+    /// The `PYTORCH_CUDA_ALLOC_CONF` tried.
     pub conf: String,
+    /// The budget, if any.
     pub capacity_bytes: Option<u64>,
     /// Where the budget came from: `given`, or `implied` (by the trace's OOM: the most the
     /// process held reserved before it); absent when there is none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity_source: Option<&'static str>,
+    /// Events replayed (all, or up to the OOM).
     pub replayed_events: u64,
+    /// Most bytes reserved.
     pub peak_reserved_bytes: u64,
+    /// Most bytes allocated.
     pub peak_allocated_bytes: u64,
+    /// The first OOM, if the budget was exceeded.
     pub oom: Option<SimOom>,
+    /// Reserved bytes after the last replayed event.
     pub final_reserved_bytes: u64,
+    /// Free bytes pinned by live blocks after the last replayed event.
     pub pinned_free_bytes_at_end: u64,
 }
 
@@ -174,8 +191,8 @@ impl Sim<'_> {
 
     fn request(&mut self, index: usize, address: Option<u64>, size: u64, stream: u16, stack: StackId, pool: u32) {
         let snapshot = self.snapshot;
-        if let Some(r) = &mut self.reuse {
-            if Self::matches(snapshot, &mut r.matches, &r.site, stack) {
+        if let Some(r) = &mut self.reuse
+            && Self::matches(snapshot, &mut r.matches, &r.site, stack) {
                 let buffer = match r.idle.pop() {
                     Some(i) => i,
                     None => match self.alloc.malloc(r.size, stream, pool) {
@@ -194,7 +211,6 @@ impl Sim<'_> {
                 }
                 return;
             }
-        }
         let private = match &mut self.mempool {
             Some((site, cache)) => Self::matches(snapshot, cache, site, stack),
             None => false,
@@ -326,16 +342,14 @@ pub fn simulate(snapshot: &Snapshot, device: &Device, settings: &Settings) -> Re
             .unwrap_or(0);
         Reuse { site: site.clone(), matches, size, buffers: Vec::new(), idle: Vec::new() }
     });
-    if let Some(r) = &reuse {
-        if r.size == 0 {
+    if let Some(r) = &reuse
+        && r.size == 0 {
             return Err(format!("no allocation in the trace comes from {:?}", r.site));
         }
-    }
-    if let Some(site) = &settings.mempool {
-        if !events.iter().any(|e| e.action == Action::ALLOC && site_matches(snapshot, e.stack, site)) {
+    if let Some(site) = &settings.mempool
+        && !events.iter().any(|e| e.action == Action::ALLOC && site_matches(snapshot, e.stack, site)) {
             return Err(format!("no allocation in the trace comes from {site:?}"));
         }
-    }
     let capacity = settings.capacity.or_else(|| implied_budget(device, events));
     let mut sim = Sim {
         trace: None,

@@ -269,14 +269,13 @@ impl Walker<'_> {
         let mut out = Vec::new();
         for (d, trace) in self.list(v, "device_traces")?.into_iter().enumerate() {
             let path = format!("device_traces[{d}]");
-            if let Value::Node(id) = trace {
-                if let (Kind::List, Some(run)) =
+            if let Value::Node(id) = trace
+                && let (Kind::List, Some(run)) =
                     (self.heap.kind(id), self.heap.folded_run(id).filter(|r| r.end <= STACK_TAG))
                 {
                     out.push(run.collect());
                     continue;
                 }
-            }
             let mut events = Vec::new();
             for (j, e) in self.list(trace, &path)?.into_iter().enumerate() {
                 match e {

@@ -2,15 +2,19 @@
 
 use std::fmt;
 
+/// A value of the wrong type or shape at a path in the snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelError {
     /// Where in the snapshot, e.g. `segments[3].blocks[0].size`.
     pub path: String,
+    /// What the model needs there.
     pub expected: String,
+    /// What the file has.
     pub found: String,
 }
 
 impl ModelError {
+    /// An error at `path`.
     pub fn new(path: impl Into<String>, expected: impl Into<String>, found: impl Into<String>) -> Self {
         ModelError { path: path.into(), expected: expected.into(), found: found.into() }
     }

@@ -8,7 +8,7 @@
 mod build;
 mod error;
 mod sink;
-pub mod sites;
+pub(crate) mod sites;
 mod stacks;
 mod trace;
 mod validate;
@@ -21,13 +21,16 @@ pub use trace::{Action, Event, Extra, NO_TIME};
 
 use std::ops::Range;
 
+/// A whole snapshot file, all devices.
 #[derive(Debug)]
 pub struct Snapshot {
+    /// Each device's segments and its range of the trace.
     pub devices: Vec<Device>,
     /// Events of all devices, device after device; [`Device::events`] slices it.
     pub events: Vec<Event>,
     /// Compile context and user metadata of the events that carry them, by event index.
     pub extras: Vec<Extra>,
+    /// Interned frames and stacks that events, segments and blocks point into.
     pub stacks: Stacks,
     /// Raw `cudaStream_t` values; events and segments refer to them by index.
     pub streams: Vec<i64>,
@@ -35,6 +38,7 @@ pub struct Snapshot {
     pub unknown_actions: Vec<String>,
     /// `allocator_settings` as written (torch >= 2.3), untouched.
     pub allocator_settings: Option<serde_json::Value>,
+    /// `external_annotations` (torch >= 2.5): named ranges such as optimizer steps.
     pub annotations: Vec<Annotation>,
     /// The file was a bare list of segments (before torch added traces).
     pub legacy: bool,
@@ -43,6 +47,7 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// The name of an action code, unknown ones included.
     pub fn action_name(&self, action: Action) -> &str {
         match Action::KNOWN.get(action.0 as usize) {
             Some(name) => name,
@@ -54,10 +59,12 @@ impl Snapshot {
         }
     }
 
+    /// The events of one device, oldest first.
     pub fn device_events(&self, device: &Device) -> &[Event] {
         &self.events[device.events.clone()]
     }
 
+    /// The raw `cudaStream_t` of a stream index (0 when out of range).
     pub fn stream(&self, index: u16) -> i64 {
         self.streams.get(index as usize).copied().unwrap_or(0)
     }
@@ -74,17 +81,22 @@ impl Snapshot {
 /// What the file was, as reported under `source` in the analysis.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Source {
+    /// Size of the upload as received (before decompression).
     pub bytes: u64,
+    /// SHA-256 of those bytes, lower-case hex.
     pub sha256: String,
     /// `pickle` or `json`.
     pub encoding: String,
     /// `none`, `gzip` or `zstd`.
     pub compression: String,
+    /// The pickle protocol, for pickles.
     pub pickle_protocol: Option<u8>,
 }
 
+/// One device's part of the snapshot.
 #[derive(Debug)]
 pub struct Device {
+    /// The CUDA device index.
     pub device: i64,
     /// Segments of this device in address order.
     pub segments: Vec<Segment>,
@@ -92,10 +104,12 @@ pub struct Device {
     pub events: Range<usize>,
 }
 
+/// The allocator's two size classes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PoolKind {
     /// Blocks of at most 1 MiB, in 2 MiB segments.
     Small,
+    /// Blocks over 1 MiB, in 20 MiB segments (requests over 10 MiB get their own size).
     Large,
 }
 
@@ -103,28 +117,39 @@ pub enum PoolKind {
 /// default pool; anything else a CUDA graph or `torch.cuda.MemPool`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Pool {
+    /// Small or large.
     pub kind: PoolKind,
+    /// The private pool's id; (0, 0) for the default pool.
     pub id: (i64, i64),
 }
 
 impl Pool {
+    /// Whether the pool is a private one (CUDA graph or `MemPool`).
     pub fn is_private(&self) -> bool {
         self.id != (0, 0)
     }
 }
 
+/// One cudaMalloc'd segment (or expandable mapping) as the snapshot lists it.
 #[derive(Debug, Clone)]
 pub struct Segment {
+    /// Its device address.
     pub address: u64,
+    /// Its size in bytes.
     pub total_size: u64,
+    /// Index into [`Snapshot::streams`].
     pub stream: u16,
+    /// The free list it serves.
     pub pool: Pool,
+    /// Made with `expandable_segments`: it grows and shrinks by pages.
     pub is_expandable: bool,
     /// Stack of the cudaMalloc that made it (often empty).
     pub stack: StackId,
+    /// Its blocks in address order, covering it without gaps.
     pub blocks: Vec<Block>,
 }
 
+/// A block's state, as the snapshot names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BlockState {
     /// A live tensor.
@@ -136,6 +161,7 @@ pub enum BlockState {
 }
 
 impl BlockState {
+    /// The name the snapshot uses.
     pub fn name(self) -> &'static str {
         match self {
             BlockState::ActiveAllocated => "active_allocated",
@@ -143,26 +169,36 @@ impl BlockState {
             BlockState::Inactive => "inactive",
         }
     }
+    /// Allocated, or freed but still in use by another stream.
     pub fn is_active(self) -> bool {
         self != BlockState::Inactive
     }
 }
 
+/// One block of a segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Block {
+    /// Its device address.
     pub address: u64,
+    /// Its size in bytes (the request rounded up).
     pub size: u64,
     /// The last request served by this block (stale once it is inactive).
     pub requested_size: u64,
+    /// Live, pending free or cached free.
     pub state: BlockState,
+    /// Stack of the request that made it live.
     pub stack: StackId,
 }
 
+/// One `record_function` range boundary from `external_annotations`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Annotation {
+    /// The range's name.
     pub name: String,
     /// `START` or `END`.
     pub stage: String,
+    /// The CUDA device it was recorded on.
     pub device: i64,
+    /// When, in microseconds since the epoch.
     pub time_us: i64,
 }

@@ -31,6 +31,7 @@ struct Keys {
 /// Folded ids with this bit set are stacks; without it, events.
 pub(super) const STACK_TAG: u32 = 1 << 31;
 
+/// Builds the model while the reader streams the trace, so entries never become values.
 pub struct SnapshotSink {
     keys: Keys,
     max_events: u64,
@@ -54,6 +55,7 @@ pub struct SnapshotSink {
 }
 
 impl SnapshotSink {
+    /// A sink that refuses more than `max_events` events.
     pub fn new(max_events: u64) -> Self {
         SnapshotSink {
             keys: Keys::default(),
@@ -237,11 +239,10 @@ impl Sink for SnapshotSink {
         let mut fields = [None; KEY_COUNT];
         for kv in items.chunks_exact(2) {
             let (key, v) = (kv[0], kv[1]);
-            if let Value::Str(key) = key {
-                if let Some(slot) = fields.get_mut(key as usize) {
+            if let Value::Str(key) = key
+                && let Some(slot) = fields.get_mut(key as usize) {
                     *slot = Some(v);
                 }
-            }
         }
         let field = |id: StrId| fields.get(id as usize).copied().flatten();
         let action = field(k.action);

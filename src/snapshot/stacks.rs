@@ -5,21 +5,29 @@ use foldhash::{HashMap, HashMapExt};
 
 use crate::reader::{StrId, Strings};
 
+/// Index of an interned stack.
 pub type StackId = u32;
+/// Index of an interned frame.
 pub type FrameId = u32;
 
 /// The empty stack (inactive blocks, entries recorded without frames).
 pub const EMPTY_STACK: StackId = 0;
 
+/// One Python or C++ frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Frame {
+    /// Its file.
     pub filename: StrId,
+    /// Its line.
     pub line: i64,
+    /// Its function.
     pub name: StrId,
 }
 
+/// Interned frames and stacks, shared by every event and block.
 #[derive(Debug)]
 pub struct Stacks {
+    /// The strings frames name.
     pub strings: Strings,
     frames: Vec<Frame>,
     frame_ids: HashMap<Frame, FrameId>,
@@ -43,6 +51,7 @@ impl Default for Stacks {
 }
 
 impl Stacks {
+    /// Interns a frame.
     pub fn frame_id(&mut self, frame: Frame) -> FrameId {
         let next = self.frames.len() as FrameId;
         *self.frame_ids.entry(frame).or_insert_with(|| {
@@ -51,6 +60,7 @@ impl Stacks {
         })
     }
 
+    /// Interns a stack, innermost frame first.
     pub fn stack_id(&mut self, frames: &[FrameId]) -> StackId {
         if let Some(&id) = self.stack_ids.get(frames) {
             return id;
@@ -68,14 +78,17 @@ impl Stacks {
         self.flat[start as usize..(start + len) as usize].iter().map(|&f| &self.frames[f as usize])
     }
 
+    /// A frame by id.
     pub fn frame(&self, id: FrameId) -> &Frame {
         &self.frames[id as usize]
     }
 
+    /// How many distinct stacks there are.
     pub fn stack_count(&self) -> usize {
         self.spans.len()
     }
 
+    /// The text of a string id.
     pub fn str(&self, id: StrId) -> &str {
         self.strings.get(id)
     }

@@ -18,15 +18,25 @@
 pub struct Action(pub u8);
 
 impl Action {
+    /// A block was allocated.
     pub const ALLOC: Action = Action(0);
+    /// A block was freed, to be reusable once its streams are done with it.
     pub const FREE_REQUESTED: Action = Action(1);
+    /// A freed block became reusable.
     pub const FREE_COMPLETED: Action = Action(2);
+    /// A segment was cudaMalloc'd.
     pub const SEGMENT_ALLOC: Action = Action(3);
+    /// A segment was cudaFree'd.
     pub const SEGMENT_FREE: Action = Action(4);
+    /// Pages were mapped into an expandable segment.
     pub const SEGMENT_MAP: Action = Action(5);
+    /// Pages were unmapped from an expandable segment.
     pub const SEGMENT_UNMAP: Action = Action(6);
+    /// The snapshot was taken.
     pub const SNAPSHOT: Action = Action(7);
+    /// A request failed: out of memory.
     pub const OOM: Action = Action(8);
+    /// The first code of an action this version does not know.
     pub const FIRST_UNKNOWN: u8 = 9;
 
     /// Names of the known actions, indexed by code.
@@ -42,6 +52,7 @@ impl Action {
         "oom",
     ];
 
+    /// The code of a known action name.
     pub fn known(name: &str) -> Option<Action> {
         Self::KNOWN.iter().position(|n| *n == name).map(|i| Action(i as u8))
     }
@@ -56,15 +67,20 @@ pub const NO_TIME: i64 = i64::MIN;
 pub struct Event {
     /// Block or segment address; for `oom`, the `device_free` bytes.
     pub addr: u64,
+    /// Block or segment size; for `oom`, the request.
     pub size: u64,
+    /// Microseconds since the epoch, or [`NO_TIME`].
     pub time_us: i64,
+    /// Stack of the request.
     pub stack: super::StackId,
     /// Index into [`super::Snapshot::streams`].
     pub stream: u16,
+    /// What happened.
     pub action: Action,
 }
 
 impl Event {
+    /// The time, when the entry had one.
     pub fn time(&self) -> Option<i64> {
         (self.time_us != NO_TIME).then_some(self.time_us)
     }
@@ -75,6 +91,8 @@ impl Event {
 pub struct Extra {
     /// Index of the event in [`super::Snapshot::events`].
     pub event: u32,
+    /// The `torch.compile` context, if recorded.
     pub compile_context: Option<crate::reader::StrId>,
+    /// The `user_metadata` tag, if set.
     pub user_metadata: Option<crate::reader::StrId>,
 }

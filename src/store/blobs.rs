@@ -69,11 +69,10 @@ impl BlobStore for LocalBlobs {
                 continue;
             }
             for f in std::fs::read_dir(shard.path())? {
-                if let Some(name) = f?.file_name().to_str() {
-                    if self.path(name).is_some() {
+                if let Some(name) = f?.file_name().to_str()
+                    && self.path(name).is_some() {
                         out.push(name.to_string());
                     }
-                }
             }
         }
         Ok(out)

@@ -110,11 +110,10 @@ impl Results {
     pub fn ids(&self) -> io::Result<Vec<String>> {
         let mut out = Vec::new();
         for e in std::fs::read_dir(&self.dir)? {
-            if let Some(name) = e?.file_name().to_str() {
-                if super::valid_id(name) {
+            if let Some(name) = e?.file_name().to_str()
+                && super::valid_id(name) {
                     out.push(name.to_string());
                 }
-            }
         }
         Ok(out)
     }
@@ -184,10 +183,6 @@ impl MappedTimeline {
 
     pub fn len(&self) -> usize {
         self.n
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.n == 0
     }
 
     fn column(&self, k: usize) -> &[u64] {

@@ -16,7 +16,7 @@ macro_rules! assets {
 }
 
 /// (path under /static/, content type, bytes)
-pub const ASSETS: &[(&str, &str, &[u8])] = assets! {
+pub(crate) const ASSETS: &[(&str, &str, &[u8])] = assets! {
     "css/app.css" => "text/css; charset=utf-8",
     "js/home.js" => "text/javascript; charset=utf-8",
     "js/snapshot.js" => "text/javascript; charset=utf-8",
@@ -48,12 +48,12 @@ fn etags() -> &'static Vec<String> {
     })
 }
 
-pub async fn serve(Path(path): Path<String>, headers: HeaderMap) -> Response {
+pub(crate) async fn serve(Path(path): Path<String>, headers: HeaderMap) -> Response {
     asset(&path, &headers)
 }
 
 /// Browsers ask for `/favicon.ico` whatever the page links: the same icon.
-pub async fn favicon(headers: HeaderMap) -> Response {
+pub(crate) async fn favicon(headers: HeaderMap) -> Response {
     asset("favicon.svg", &headers)
 }
 

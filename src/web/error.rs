@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::ingest::IngestError;
 
 #[derive(Debug)]
-pub enum ApiError {
+pub(crate) enum ApiError {
     NotFound(&'static str),
     BadRequest(String),
     Unauthorized,
@@ -54,11 +54,11 @@ impl ApiError {
         }
     }
 
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         self.parts().0
     }
 
-    pub fn detail(&self) -> String {
+    pub(crate) fn detail(&self) -> String {
         self.parts().2
     }
 }

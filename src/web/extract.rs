@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
-pub struct Path<T>(pub T);
+pub(crate) struct Path<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
     type Rejection = ApiError;
@@ -22,7 +22,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T>
     }
 }
 
-pub struct Query<T>(pub T);
+pub(crate) struct Query<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Query<T> {
     type Rejection = ApiError;

@@ -14,26 +14,26 @@ const WIDTH: u64 = 1000;
 /// Call sites listed per moment.
 const SITES: usize = 8;
 
-pub struct Fills {
-    pub moments: Vec<MomentView>,
-    pub steps: String,
-    pub growth: Vec<String>,
+pub(crate) struct Fills {
+    pub(crate) moments: Vec<MomentView>,
+    pub(crate) steps: String,
+    pub(crate) growth: Vec<String>,
     /// The categories present, for the legend: (class, name).
-    pub legend: Vec<(&'static str, &'static str)>,
+    pub(crate) legend: Vec<(&'static str, &'static str)>,
 }
 
-pub struct MomentView {
-    pub title: String,
-    pub bars: Vec<Bar>,
+pub(crate) struct MomentView {
+    pub(crate) title: String,
+    pub(crate) bars: Vec<Bar>,
     /// (call site, category, bytes, blocks)
-    pub sites: Vec<(String, &'static str, String, u64)>,
+    pub(crate) sites: Vec<(String, &'static str, String, u64)>,
 }
 
-pub struct Bar {
-    pub x: u64,
-    pub width: u64,
-    pub class: &'static str,
-    pub label: String,
+pub(crate) struct Bar {
+    pub(crate) x: u64,
+    pub(crate) width: u64,
+    pub(crate) class: &'static str,
+    pub(crate) label: String,
 }
 
 /// The CSS class of a category's colour.
@@ -89,7 +89,7 @@ fn moment(b: &Breakdown) -> MomentView {
     MomentView { title, bars, sites }
 }
 
-pub fn fills(d: &DeviceAnalysis) -> Fills {
+pub(crate) fn fills(d: &DeviceAnalysis) -> Fills {
     let m = &d.memory;
     // The end is left out where it is the OOM itself (a snapshot taken by an OOM observer).
     let same_as_oom = |b: &Breakdown| {

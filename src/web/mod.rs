@@ -4,8 +4,8 @@
 
 pub mod api;
 mod assets;
-pub mod error;
-pub mod extract;
+pub(crate) mod error;
+pub(crate) mod extract;
 mod fills;
 mod pages;
 #[cfg(test)]
@@ -28,11 +28,11 @@ use crate::store::{SnapshotRow, Status, Store, valid_id};
 use error::ApiError;
 
 #[derive(Clone)]
-pub struct AppState(Arc<Inner>);
+pub(crate) struct AppState(Arc<Inner>);
 
-pub struct Inner {
-    pub config: Config,
-    pub service: Service,
+pub(crate) struct Inner {
+    pub(crate) config: Config,
+    pub(crate) service: Service,
 }
 
 impl std::ops::Deref for AppState {
@@ -44,7 +44,7 @@ impl std::ops::Deref for AppState {
 
 impl AppState {
     /// With `--token`, the request must carry it (compared in constant time).
-    pub fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+    pub(crate) fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         let Some(token) = &self.config.token else { return Ok(()) };
         let given =
             headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
@@ -55,7 +55,7 @@ impl AppState {
     }
 
     /// The snapshot of a link, or 404 (the same for a malformed id as for an unknown one).
-    pub async fn row(&self, id: &str) -> Result<SnapshotRow, ApiError> {
+    pub(crate) async fn row(&self, id: &str) -> Result<SnapshotRow, ApiError> {
         if !valid_id(id) {
             return Err(ApiError::NotFound("snapshot"));
         }
@@ -63,7 +63,7 @@ impl AppState {
     }
 
     /// The snapshot, if its analysis is done.
-    pub async fn ready(&self, id: &str) -> Result<SnapshotRow, ApiError> {
+    pub(crate) async fn ready(&self, id: &str) -> Result<SnapshotRow, ApiError> {
         let row = self.row(id).await?;
         match row.status {
             Status::Ready => Ok(row),
@@ -74,7 +74,7 @@ impl AppState {
 }
 
 /// The whole application, for tests in process and for `serve`.
-pub fn router(state: AppState) -> Router {
+pub(crate) fn router(state: AppState) -> Router {
     let headers = [
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::REFERRER_POLICY, "no-referrer"),
@@ -110,7 +110,7 @@ async fn not_found(uri: axum::http::Uri) -> axum::response::Response {
 
 /// Opens the store (cleaning what a crash left), starts the service (restarting unfinished
 /// analyses) and makes the application's state: what `serve` runs, and tests in process.
-pub async fn state(config: Config) -> Result<AppState, Box<dyn std::error::Error>> {
+pub(crate) async fn state(config: Config) -> Result<AppState, Box<dyn std::error::Error>> {
     let store = Arc::new(Store::open(&config.data_dir).await?);
     store.clean_after_crash().await?;
     let budget = config.memory_budget();
@@ -121,7 +121,7 @@ pub async fn state(config: Config) -> Result<AppState, Box<dyn std::error::Error
 
 /// Opens the store, restarts unfinished analyses, and serves until Ctrl-C or SIGTERM; then
 /// waits at most 10 s for open connections.
-pub async fn serve(config: Config) -> Result<(), Box<dyn std::error::Error>> {
+pub(crate) async fn serve(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let state = state(config).await?;
     let store = state.service.store.clone();
     if let Some(days) = state.config.retain_days {

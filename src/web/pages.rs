@@ -89,7 +89,7 @@ struct ErrorPage {
 }
 
 /// An error as an HTML page (the API's errors are JSON).
-pub struct PageError(pub ApiError);
+pub(crate) struct PageError(pub ApiError);
 
 impl IntoResponse for PageError {
     fn into_response(self) -> Response {
@@ -142,7 +142,7 @@ fn date(unix: i64) -> String {
     format!("{y:04}-{m:02}-{d:02} {:02}:{:02} UTC", secs / 3600, secs % 3600 / 60)
 }
 
-pub async fn home(State(app): State<AppState>) -> Result<Html<String>, PageError> {
+pub(crate) async fn home(State(app): State<AppState>) -> Result<Html<String>, PageError> {
     let locked = app.config.token.is_some();
     let recent = if locked {
         Vec::new()
@@ -172,7 +172,7 @@ pub async fn home(State(app): State<AppState>) -> Result<Html<String>, PageError
     render(Home { recent, locked, max_upload: bytes(app.config.max_upload) })
 }
 
-pub async fn snapshot(
+pub(crate) async fn snapshot(
     State(app): State<AppState>,
     Path(id): Path<String>,
     _headers: HeaderMap,

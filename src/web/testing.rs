@@ -8,25 +8,25 @@ use axum::http::{Request, StatusCode};
 use tower::ServiceExt;
 
 /// The application on a fresh temp directory (kept alive with the router).
-pub async fn app() -> (Router, tempfile::TempDir) {
+pub(crate) async fn app() -> (Router, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let state = super::state(crate::config::Config::for_tests(dir.path().to_path_buf())).await.unwrap();
     (super::router(state), dir)
 }
 
 /// Sends one request; the status and the body as text.
-pub async fn send(app: &Router, request: Request<Body>) -> (StatusCode, String) {
+pub(crate) async fn send(app: &Router, request: Request<Body>) -> (StatusCode, String) {
     let response = app.clone().oneshot(request).await.unwrap();
     let status = response.status();
     let bytes = axum::body::to_bytes(response.into_body(), 64 << 20).await.unwrap();
     (status, String::from_utf8_lossy(&bytes).into_owned())
 }
 
-pub async fn get(app: &Router, uri: &str) -> (StatusCode, String) {
+pub(crate) async fn get(app: &Router, uri: &str) -> (StatusCode, String) {
     send(app, Request::get(uri).body(Body::empty()).unwrap()).await
 }
 
-pub async fn post(app: &Router, uri: &str, body: Vec<u8>) -> (StatusCode, String) {
+pub(crate) async fn post(app: &Router, uri: &str, body: Vec<u8>) -> (StatusCode, String) {
     send(app, Request::post(uri).body(Body::from(body)).unwrap()).await
 }
 

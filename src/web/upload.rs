@@ -14,16 +14,16 @@ use tokio::io::AsyncWriteExt;
 
 use super::error::ApiError;
 
-pub struct Received {
-    pub temp: PathBuf,
+pub(crate) struct Received {
+    pub(crate) temp: PathBuf,
     pub sha256: String,
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// The first bytes, to sniff the format without reading the file again.
-    pub head: Vec<u8>,
+    pub(crate) head: Vec<u8>,
     /// From a multipart form: the file's name and the `name` and `note` fields.
-    pub filename: Option<String>,
-    pub name: Option<String>,
-    pub note: Option<String>,
+    pub(crate) filename: Option<String>,
+    pub(crate) name: Option<String>,
+    pub(crate) note: Option<String>,
 }
 
 /// Slowest average an upload may keep after its grace period (`--request-timeout`).
@@ -110,7 +110,7 @@ fn too_slow(idle: std::time::Duration) -> ApiError {
     ApiError::Timeout(format!("the upload sent nothing for {} s", idle.as_secs()))
 }
 
-pub async fn receive(
+pub(crate) async fn receive(
     request: Request,
     temp: (PathBuf, std::fs::File),
     max: u64,

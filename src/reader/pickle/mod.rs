@@ -195,7 +195,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
     /// Builds a new container from the values above the last MARK.
     fn collect(&mut self, kind: Kind, opcode: &'static str) -> Res<(), S::Error> {
         let mark = self.pop_mark(opcode)?;
-        if kind == Kind::Dict && (self.stack.len() - mark) % 2 != 0 {
+        if kind == Kind::Dict && !(self.stack.len() - mark).is_multiple_of(2) {
             return self.err(ErrorKind::StackUnderflow { opcode });
         }
         let id = self.new_node(kind)?;
@@ -212,7 +212,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
         let id = self.target(self.stack[mark - 1], opcode, expected, kinds)?;
         let n = self.stack.len() - mark;
         let kind = self.heap.kind(id);
-        if kind == Kind::Dict && n % 2 != 0 {
+        if kind == Kind::Dict && !n.is_multiple_of(2) {
             return self.err(ErrorKind::StackUnderflow { opcode });
         }
         let max_depth = self.settle_range(id, mark)?;

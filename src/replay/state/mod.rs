@@ -12,19 +12,27 @@ use foldhash::{HashMap, HashMapExt};
 use super::slots;
 use crate::snapshot::{BlockState, EMPTY_STACK, Pool, PoolKind, StackId};
 
+/// No block, segment or event.
 pub const NIL: u32 = u32::MAX;
 
 mod mapping;
 
+/// One block as the replay tracks it.
 #[derive(Debug, Clone)]
 pub struct BlockRec {
+    /// Its device address.
     pub address: u64,
+    /// Its size in bytes.
     pub size: u64,
+    /// The request it serves (0 when inactive).
     pub requested: u64,
+    /// Live, pending free or cached free.
     pub state: BlockState,
+    /// Stack of the request.
     pub stack: StackId,
     /// Index of the `alloc` event that made it live (NIL: before the trace, or inactive).
     pub event: u32,
+    /// The segment it belongs to.
     pub segment: u32,
     pub(super) prev: u32,
     pub(super) next: u32,
@@ -62,15 +70,22 @@ impl BlockRec {
     }
 }
 
+/// One segment as the replay tracks it.
 #[derive(Debug, Clone)]
 pub struct SegmentRec {
+    /// Its device address.
     pub address: u64,
+    /// Its size in bytes (mapped bytes, for expandable segments).
     pub size: u64,
+    /// Index into the snapshot's streams.
     pub stream: u16,
+    /// The free list it serves.
     pub pool: Pool,
+    /// Made with `expandable_segments`.
     pub expandable: bool,
     /// Index of the event that created (or first mapped) it; NIL if before the trace.
     pub created: u32,
+    /// Stack of the cudaMalloc that made it.
     pub stack: StackId,
     pub(super) first: u32,
     pub(super) last: u32,
@@ -83,16 +98,22 @@ pub struct SegmentRec {
 /// Running totals, named as torch's `memory_stats()` names them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Totals {
+    /// Bytes in segments.
     pub reserved_bytes: u64,
+    /// Bytes in allocated blocks.
     pub allocated_bytes: u64,
+    /// Bytes in allocated or pending-free blocks.
     pub active_bytes: u64,
+    /// Bytes the requests asked for (before rounding).
     pub requested_bytes: u64,
+    /// Allocated blocks.
     pub allocations: u64,
     /// Inactive bytes in fixed (not expandable) segments that hold a live block: they can be
     /// neither released nor merged with free memory elsewhere.
     pub pinned_free_bytes: u64,
 }
 
+/// The allocator's memory right after one event: segments, blocks and totals.
 #[derive(Debug, Clone, Default)]
 pub struct State {
     blocks: Vec<BlockRec>,
@@ -105,10 +126,12 @@ pub struct State {
     free_sizes: BTreeMap<u64, u32>,
     /// Whether `free_sizes` is kept (a replay for a one-shot report does without).
     pub track_largest_free: bool,
+    /// The running totals.
     pub totals: Totals,
 }
 
 impl State {
+    /// An empty allocator.
     pub fn new() -> State {
         State { by_addr: HashMap::new(), track_largest_free: true, ..State::default() }
     }
@@ -126,14 +149,17 @@ impl State {
         free.map(|(_, b)| b.size).max().unwrap_or(0)
     }
 
+    /// A segment by index.
     pub fn segment(&self, seg: u32) -> &SegmentRec {
         &self.segments[seg as usize]
     }
 
+    /// A block by index.
     pub fn block(&self, b: u32) -> &BlockRec {
         &self.blocks[b as usize]
     }
 
+    /// The block starting at `address`, if any.
     pub fn block_at(&self, address: u64) -> Option<u32> {
         self.by_addr.get(&address).copied()
     }
@@ -155,6 +181,7 @@ impl State {
         })
     }
 
+    /// The segment whose range holds `address`, if any.
     pub fn segment_containing(&self, address: u64) -> Option<u32> {
         let (_, &seg) = self.seg_by_addr.range(..=address).next_back()?;
         let s = &self.segments[seg as usize];
@@ -328,6 +355,7 @@ impl State {
         (seg, blocks)
     }
 
+    /// Drops a segment and its blocks.
     pub fn remove_segment(&mut self, s: u32) {
         self.take_segment(s);
     }

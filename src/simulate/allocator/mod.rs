@@ -289,12 +289,11 @@ impl Allocator {
             return false;
         }
         let want = rounded.max(max_split);
-        if let Some(&c) = self.free.range((key, stream, want, 0, 0)..).next() {
-            if (c.0, c.1) == (key, stream) && self.whole_fixed(c.4) {
+        if let Some(&c) = self.free.range((key, stream, want, 0, 0)..).next()
+            && (c.0, c.1) == (key, stream) && self.whole_fixed(c.4) {
                 self.release_segment(c.4);
                 return true;
             }
-        }
         let mut released = 0;
         let candidates: Vec<FreeKey> =
             self.free.range((key, stream, 0, 0, 0)..(key, stream, want, 0, 0)).rev().copied().collect();

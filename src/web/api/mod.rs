@@ -1,8 +1,8 @@
 //! The REST API under `/api/v1`, one file per resource. The routes are fixed: scripts rely on
 //! them (see `static/openapi.json`, served at `/api/v1/openapi.json`).
 
-pub mod snapshots;
-pub mod views;
+pub(crate) mod snapshots;
+pub(crate) mod views;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -30,7 +30,7 @@ pub const PATHS: &[&str] = &[
     "/api/v1/openapi.json",
 ];
 
-pub fn routes() -> Router<AppState> {
+pub(crate) fn routes() -> Router<AppState> {
     let one = "/api/v1/snapshots/{id}";
     let device = "/api/v1/snapshots/{id}/devices/{device}";
     Router::new()
@@ -55,7 +55,7 @@ pub fn routes() -> Router<AppState> {
 
 /// The OpenAPI document, written by hand beside the routes it describes (a test checks that
 /// every route above is in it).
-pub const OPENAPI: &str = include_str!("../../../static/openapi.json");
+pub(crate) const OPENAPI: &str = include_str!("../../../static/openapi.json");
 
 async fn openapi() -> impl axum::response::IntoResponse {
     ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI)

@@ -14,13 +14,13 @@ use crate::web::extract::{Path, Query};
 use crate::web::{AppState, upload};
 
 #[derive(Deserialize)]
-pub struct CreateQuery {
+pub(crate) struct CreateQuery {
     name: Option<String>,
     note: Option<String>,
 }
 
 #[derive(Serialize)]
-pub struct Created {
+pub(crate) struct Created {
     id: String,
     status_url: String,
     page_url: String,
@@ -33,7 +33,7 @@ fn clean(text: &str, max: usize) -> String {
     text.chars().filter(|c| !c.is_control()).take(max).collect::<String>().trim().to_string()
 }
 
-pub async fn create(
+pub(crate) async fn create(
     State(app): State<AppState>,
     headers: HeaderMap,
     Query(q): Query<CreateQuery>,
@@ -64,7 +64,7 @@ fn created(row: &SnapshotRow, duplicate: bool) -> Created {
 }
 
 #[derive(Serialize)]
-pub struct StatusView {
+pub(crate) struct StatusView {
     id: String,
     name: String,
     note: String,
@@ -80,7 +80,7 @@ pub struct StatusView {
     analysis_url: String,
 }
 
-pub fn status_view(app: &AppState, row: SnapshotRow) -> StatusView {
+pub(crate) fn status_view(app: &AppState, row: SnapshotRow) -> StatusView {
     let progress = match row.status {
         Status::Ready => 1.0,
         Status::Analyzing => app
@@ -108,18 +108,18 @@ pub fn status_view(app: &AppState, row: SnapshotRow) -> StatusView {
     }
 }
 
-pub async fn get(State(app): State<AppState>, Path(id): Path<String>) -> Result<Json<StatusView>, ApiError> {
+pub(crate) async fn get(State(app): State<AppState>, Path(id): Path<String>) -> Result<Json<StatusView>, ApiError> {
     let row = app.row(&id).await?;
     Ok(Json(status_view(&app, row)))
 }
 
 #[derive(Deserialize)]
-pub struct ListQuery {
+pub(crate) struct ListQuery {
     limit: Option<u32>,
     offset: Option<u32>,
 }
 
-pub async fn list(
+pub(crate) async fn list(
     State(app): State<AppState>,
     headers: HeaderMap,
     Query(q): Query<ListQuery>,
@@ -129,7 +129,7 @@ pub async fn list(
     Ok(Json(rows.into_iter().map(|r| status_view(&app, r)).collect()))
 }
 
-pub async fn delete(
+pub(crate) async fn delete(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -141,7 +141,7 @@ pub async fn delete(
 }
 
 /// The original upload, as an attachment (never rendered by the browser).
-pub async fn blob(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub(crate) async fn blob(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let row = app.row(&id).await?;
     let (file, filename) = app.service.download(&row)?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));

@@ -46,7 +46,7 @@ async fn stored(app: &AppState, id: &str) -> Result<Analysis, ApiError> {
 }
 
 /// The analysis document as stored, passed through untouched.
-pub async fn analysis(
+pub(crate) async fn analysis(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -73,27 +73,27 @@ async fn per_device<T: Serialize>(
     Ok(Json(a.devices.iter().map(one).collect::<Result<_, _>>()?))
 }
 
-pub async fn diagnosis(
+pub(crate) async fn diagnosis(
     State(app): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Vec<serde_json::Map<String, Value>>>, ApiError> {
     per_device(&app, &id, "diagnosis", |d| &d.diagnosis).await
 }
 
-pub async fn ooms(
+pub(crate) async fn ooms(
     State(app): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Vec<serde_json::Map<String, Value>>>, ApiError> {
     per_device(&app, &id, "ooms", |d| &d.ooms).await
 }
 
-pub async fn settings(State(app): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn settings(State(app): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let a = stored(&app, &id).await?;
     Ok(Json(json!({"allocator_settings": a.allocator_settings, "annotations": a.annotations})))
 }
 
 #[derive(Deserialize)]
-pub struct TimelineQuery {
+pub(crate) struct TimelineQuery {
     start: Option<usize>,
     end: Option<usize>,
     points: Option<usize>,
@@ -102,7 +102,7 @@ pub struct TimelineQuery {
 
 /// The series over events `start..end` in at most `points` buckets (min and max per bucket).
 /// `format=bin` (or `Accept: application/octet-stream`) gives little-endian f64 columns.
-pub async fn timeline(
+pub(crate) async fn timeline(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path((id, device)): Path<(String, i64)>,
@@ -138,7 +138,7 @@ fn t_len(d: &crate::analysis::timeline::Downsampled) -> u64 {
 }
 
 #[derive(Deserialize)]
-pub struct EventQuery {
+pub(crate) struct EventQuery {
     /// An event index, or `final` (the default).
     event: Option<String>,
 }
@@ -201,7 +201,7 @@ fn state_after(
 }
 
 /// The segments and blocks right after an event.
-pub async fn state(
+pub(crate) async fn state(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path((id, device)): Path<(String, i64)>,
@@ -223,7 +223,7 @@ pub async fn state(
 
 /// What fills memory right after an event (default: the end): bytes by category and the top
 /// call sites, as the analysis's `breakdown` entries.
-pub async fn breakdown(
+pub(crate) async fn breakdown(
     State(app): State<AppState>,
     Path((id, device)): Path<(String, i64)>,
     Query(q): Query<EventQuery>,
@@ -231,11 +231,10 @@ pub async fn breakdown(
     let row = app.ready(&id).await?;
     let event = parse_event(&q)?;
     // The end was broken down at analysis time: no parse needed.
-    if event.is_none() {
-        if let Some(end) = app.service.final_breakdown(&id, device).await? {
+    if event.is_none()
+        && let Some(end) = app.service.final_breakdown(&id, device).await? {
             return Ok(Json(end));
         }
-    }
     on_device(&app, &row, device, move |entry, i, d| {
         check_event(entry, d, event)?;
         Ok(Json(entry.breakdown(i, event)))
@@ -244,7 +243,7 @@ pub async fn breakdown(
 }
 
 /// Who pins free memory: at the end from the stored analysis, at an event by replaying.
-pub async fn pinners(
+pub(crate) async fn pinners(
     State(app): State<AppState>,
     Path((id, device)): Path<(String, i64)>,
     Query(q): Query<EventQuery>,
@@ -267,13 +266,13 @@ pub async fn pinners(
 }
 
 #[derive(Deserialize)]
-pub struct EventsQuery {
+pub(crate) struct EventsQuery {
     start: Option<u64>,
     limit: Option<u64>,
 }
 
 /// The trace's events from `start`, at most `limit` (1000) at a time.
-pub async fn events(
+pub(crate) async fn events(
     State(app): State<AppState>,
     Path((id, device)): Path<(String, i64)>,
     Query(q): Query<EventsQuery>,
@@ -292,7 +291,7 @@ pub async fn events(
 }
 
 /// The frames of a stack (ids come from segment maps and events).
-pub async fn stack(
+pub(crate) async fn stack(
     State(app): State<AppState>,
     Path((id, stack)): Path<(String, u32)>,
 ) -> Result<Json<Value>, ApiError> {
@@ -306,7 +305,7 @@ pub async fn stack(
 }
 
 #[derive(Deserialize)]
-pub struct ActiveQuery {
+pub(crate) struct ActiveQuery {
     start: Option<usize>,
     end: Option<usize>,
     points: Option<usize>,
@@ -317,7 +316,7 @@ pub struct ActiveQuery {
 
 /// Live bytes by call site (or `by=category`) over events `start..end`, in at most `points`
 /// buckets.
-pub async fn active(
+pub(crate) async fn active(
     State(app): State<AppState>,
     Path((id, device)): Path<(String, i64)>,
     Query(q): Query<ActiveQuery>,
@@ -341,7 +340,7 @@ pub async fn active(
 }
 
 #[derive(Deserialize)]
-pub struct SimulateQuery {
+pub(crate) struct SimulateQuery {
     conf: Option<String>,
     mempool: Option<String>,
     reuse: Option<String>,
@@ -349,7 +348,7 @@ pub struct SimulateQuery {
 }
 
 /// The trace replayed through the allocator model under other settings (see `simulate`).
-pub async fn simulate(
+pub(crate) async fn simulate(
     State(app): State<AppState>,
     Path((id, device)): Path<(String, i64)>,
     Query(q): Query<SimulateQuery>,
