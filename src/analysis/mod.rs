@@ -21,6 +21,7 @@ pub(crate) mod advice;
 pub(crate) mod breakdown;
 pub(crate) mod capacity;
 pub mod categories;
+pub mod compare;
 mod counters;
 pub(crate) mod gaps;
 pub(crate) mod map;
@@ -28,6 +29,7 @@ pub(crate) mod memory;
 pub(crate) mod oom;
 pub(crate) mod phases;
 mod predict;
+pub mod summary;
 pub(crate) mod rhythm;
 pub(crate) mod timeline;
 

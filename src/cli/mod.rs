@@ -3,6 +3,7 @@
 //! Exit codes: 0 success, 2 the input was refused (bad file, not a snapshot, no such event),
 //! 1 anything else.
 
+mod compare;
 mod report;
 mod segmap;
 
@@ -71,6 +72,16 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Compare two snapshots: a run and the same run after a change, or two ranks of a job.
+    Compare {
+        /// The first snapshot ("before").
+        a: PathBuf,
+        /// The second ("after").
+        b: PathBuf,
+        /// Print the comparison as JSON (the same document as `/api/v1/compare`).
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the segment map at one event: segments to scale, pinned gaps marked.
     State {
         /// The snapshot file.
@@ -110,6 +121,10 @@ pub fn run(cli: Cli) -> ExitCode {
                 Err(e) => fail(&file, e),
             }
         }
+        Command::Compare { a, b, json } => match compare::run(&a, &b, json) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err((file, e)) => fail(&file, e),
+        },
         Command::State { file, event, device } => match state(&file, &event, device) {
             Ok(Ok(text)) => {
                 print!("{text}");

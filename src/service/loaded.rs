@@ -1,4 +1,4 @@
-//! Snapshots held parsed in memory, for what needs the trace itself: the segment map at any
+//! Snapshots held parsed in memory (by sha256: uploads of the same bytes share one), for what needs the trace itself: the segment map at any
 //! event, the events in a range, frames. The few most recently used are kept; others are
 //! parsed again from their blob on demand, one at a time, and only once the caller's memory
 //! budget (the analyses' own, see [`super::worker::Worker::reserve_memory`]) has room for the
@@ -117,7 +117,6 @@ impl Loaded {
     pub async fn load<R, P>(
         &self,
         store: &Store,
-        id: &str,
         sha256: &str,
         reserve: R,
     ) -> Result<Arc<Entry>, super::ServiceError>
@@ -125,11 +124,11 @@ impl Loaded {
         R: FnOnce(u64) -> P,
         P: std::future::Future<Output = Option<tokio::sync::OwnedSemaphorePermit>>,
     {
-        if let Some(e) = self.get(id) {
+        if let Some(e) = self.get(sha256) {
             return Ok(e);
         }
         let _one = self.loading.lock().await;
-        if let Some(e) = self.get(id) {
+        if let Some(e) = self.get(sha256) {
             return Ok(e);
         }
         let gone = |e: std::io::Error| super::ServiceError::Store(e.into());
@@ -151,7 +150,7 @@ impl Loaded {
         .await
         .map_err(|e| super::ServiceError::Internal(e.to_string()))??;
         let entry = Arc::new(entry);
-        self.put(id, entry.clone());
+        self.put(sha256, entry.clone());
         Ok(entry)
     }
 }
@@ -181,7 +180,7 @@ mod tests {
             let budget = budget.clone();
             async move { budget.acquire_many_owned(1).await.ok() }
         };
-        let load = loaded.load(&store, "id", &sha, reserve);
+        let load = loaded.load(&store, &sha, reserve);
         tokio::pin!(load);
         let waited = tokio::time::timeout(std::time::Duration::from_millis(300), &mut load).await;
         assert!(waited.is_err(), "parsed while the whole budget was held");
@@ -189,6 +188,6 @@ mod tests {
         drop(held);
         let entry = tokio::time::timeout(std::time::Duration::from_secs(30), load).await.unwrap().unwrap();
         assert!(!entry.snapshot.devices.is_empty());
-        assert!(loaded.get("id").is_some(), "kept for the next query");
+        assert!(loaded.get(&sha).is_some(), "kept for the next query");
     }
 }

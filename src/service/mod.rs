@@ -6,6 +6,7 @@
 //! It is also the seam for other storage back ends: everything below goes through [`Store`].
 
 pub mod loaded;
+pub mod runs;
 pub mod worker;
 
 use std::path::PathBuf;
@@ -13,7 +14,7 @@ use std::sync::Arc;
 
 use crate::analysis::Analysis;
 use crate::ingest::{self, IngestError};
-use crate::store::{SnapshotRow, Store, StoreError};
+use crate::store::{Label, SnapshotRow, Store, StoreError};
 use loaded::{Entry, Loaded};
 use worker::Worker;
 
@@ -48,11 +49,12 @@ pub struct Upload {
     pub bytes: u64,
     /// The file's first bytes, for sniffing.
     pub head: Vec<u8>,
-    pub name: String,
-    pub note: String,
+    /// Its name and note, and its run and rank.
+    pub label: Label,
 }
 
-/// The answer to an upload: its snapshot, and whether the same bytes were there before.
+/// The answer to an upload: its snapshot (a new id either way), and whether the same bytes
+/// were stored before (then it shares their analysis).
 pub struct Admitted {
     pub row: SnapshotRow,
     pub duplicate: bool,
@@ -78,32 +80,29 @@ impl Service {
         Ok(Service { store, worker, loaded: cache })
     }
 
-    /// Takes an upload: the existing snapshot if the same bytes were uploaded before; else
-    /// sniffs it, reads small ones through (within the analysis budget) so bad input fails now,
-    /// stores it and queues its analysis. The temp file is consumed either way.
-    pub async fn admit(&self, up: Upload) -> Result<Admitted, ServiceError> {
-        let result = self.admit_inner(&up).await;
+    /// Takes an upload under a new id. Bytes stored before are not checked or analysed again;
+    /// else it sniffs them, reads small ones through (within the analysis budget) so bad input
+    /// fails now, stores them and queues their analysis. The temp file is consumed either way.
+    pub async fn admit(&self, mut up: Upload) -> Result<Admitted, ServiceError> {
+        let result = self.check(&up).await;
         if result.is_err() {
             self.store.discard_temp(&up.temp);
         }
-        let (row, new) = match result? {
-            Some(row) => (row, false),
-            None => {
-                let name = if up.name.is_empty() { "snapshot".to_string() } else { up.name };
-                self.store.add_upload(up.temp, up.sha256, up.bytes, name, up.note).await?
-            }
-        };
-        if new {
-            self.worker.enqueue(&row.id);
+        let stored_before = result?;
+        if up.label.name.is_empty() {
+            up.label.name = "snapshot".to_string();
         }
-        Ok(Admitted { row, duplicate: !new })
+        let (row, new) = self.store.add_upload(up.temp, up.sha256, up.bytes, up.label).await?;
+        if new {
+            self.worker.enqueue(&row.sha256);
+        }
+        Ok(Admitted { row, duplicate: stored_before || !new })
     }
 
-    /// Checks an upload; `Some` when these bytes are already stored.
-    async fn admit_inner(&self, up: &Upload) -> Result<Option<SnapshotRow>, ServiceError> {
-        if let Some(existing) = self.store.meta.by_sha256(&up.sha256).await? {
-            self.store.discard_temp(&up.temp);
-            return Ok(Some(existing));
+    /// Checks an upload whose bytes are new; true when they are stored already.
+    async fn check(&self, up: &Upload) -> Result<bool, ServiceError> {
+        if self.store.meta.by_sha256(&up.sha256).await?.is_some() {
+            return Ok(true);
         }
         ingest::check_head(&up.head)?;
         if up.bytes <= CHECK_BEFORE_ANSWER {
@@ -114,13 +113,13 @@ impl Service {
                 .await
                 .map_err(|e| ServiceError::Internal(e.to_string()))??;
         }
-        Ok(None)
+        Ok(false)
     }
 
     /// The stored analysis of a snapshot.
-    pub async fn analysis(&self, id: &str) -> Result<Analysis, ServiceError> {
+    pub async fn analysis(&self, row: &SnapshotRow) -> Result<Analysis, ServiceError> {
         let store = self.store.clone();
-        let id = id.to_string();
+        let id = row.sha256.clone();
         tokio::task::spawn_blocking(move || store.results.analysis(&id))
             .await
             .map_err(|e| ServiceError::Internal(e.to_string()))?
@@ -131,7 +130,7 @@ impl Service {
     pub async fn entry(&self, row: &SnapshotRow) -> Result<Arc<Entry>, ServiceError> {
         let w = self.worker.clone();
         self.loaded
-            .load(&self.store, &row.id, &row.sha256, move |bytes| async move { w.reserve_memory(bytes).await })
+            .load(&self.store, &row.sha256, move |bytes| async move { w.reserve_memory(bytes).await })
             .await
     }
 
@@ -139,13 +138,13 @@ impl Service {
     /// the stored timeline.
     pub async fn timeline(
         &self,
-        id: &str,
+        row: &SnapshotRow,
         device: i64,
         start: Option<usize>,
         end: Option<usize>,
         points: usize,
     ) -> Result<crate::analysis::timeline::Downsampled, ServiceError> {
-        let t = match self.store.results.timeline(id, device) {
+        let t = match self.store.results.timeline(&row.sha256, device) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(ServiceError::Missing("device")),
             Err(e) => return Err(StoreError::from(e).into()),
@@ -163,11 +162,11 @@ impl Service {
     /// versions, which have none).
     pub async fn final_breakdown(
         &self,
-        id: &str,
+        row: &SnapshotRow,
         device: i64,
     ) -> Result<Option<crate::analysis::breakdown::Breakdown>, ServiceError> {
         use crate::analysis::breakdown::Moment;
-        let a = self.analysis(id).await?;
+        let a = self.analysis(row).await?;
         let d = a.devices.into_iter().find(|d| d.device == device).ok_or(ServiceError::Missing("device"))?;
         Ok(d.memory.breakdown.into_iter().find(|b| b.moment == Moment::Final))
     }
@@ -191,10 +190,13 @@ impl Service {
         Ok((file, name))
     }
 
-    /// Deletes a snapshot and drops it from the cache; false when there was none.
+    /// Deletes an upload (and its parsed snapshot from the cache, if no other upload has the
+    /// same bytes); false when there was none.
     pub async fn delete(&self, id: &str) -> Result<bool, ServiceError> {
-        let gone = self.store.delete(id).await?;
-        self.loaded.remove(id);
-        Ok(gone)
+        let Some(gone) = self.store.delete(id).await? else { return Ok(false) };
+        if gone.last {
+            self.loaded.remove(&gone.sha256);
+        }
+        Ok(true)
     }
 }

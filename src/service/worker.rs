@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
 use super::loaded::{Entry, Loaded};
+use crate::analysis::summary::Summary;
 use crate::analysis::{self, Depth, map};
 use crate::ingest;
 use crate::store::{Status, Store, Written};
@@ -56,18 +57,20 @@ impl Worker {
         self.memory.clone().acquire_many_owned(mib).await.ok()
     }
 
-    pub fn enqueue(&self, id: &str) {
-        let _ = self.queue.send(id.to_string());
+    /// Queues the analysis of the uploaded bytes `sha256`.
+    pub fn enqueue(&self, sha256: &str) {
+        let _ = self.queue.send(sha256.to_string());
     }
 
-    /// Bytes of the upload read so far, while it is being analysed.
-    pub fn progress(&self, id: &str) -> Option<u64> {
+    /// Bytes of the upload `sha256` read so far, while it is being analysed.
+    pub fn progress(&self, sha256: &str) -> Option<u64> {
         let p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        p.get(id).map(|c| c.load(Ordering::Relaxed))
+        p.get(sha256).map(|c| c.load(Ordering::Relaxed))
     }
 
+    /// Analyses the bytes `id` (a sha256) once for every upload of them.
     async fn run(&self, store: Arc<Store>, loaded: &Loaded, id: &str) {
-        let row = match store.meta.get(id).await {
+        let row = match store.meta.by_sha256(id).await {
             Ok(Some(row)) if matches!(row.status, Status::Queued | Status::Analyzing) => row,
             _ => return,
         };
@@ -77,7 +80,7 @@ impl Worker {
             let _ = std::io::Read::read(&mut f, &mut head);
         }
         let _memory = self.reserve_memory(ingest::memory_estimate(row.bytes, &head)).await;
-        if let Err(e) = store.meta.set_status(id, Status::Analyzing, None, None).await {
+        if let Err(e) = store.meta.set_status(id, Status::Analyzing, None, None, None).await {
             tracing::error!(id, error = %e, "cannot mark analyzing");
             return;
         }
@@ -87,35 +90,35 @@ impl Worker {
         let outcome = analyze(store.clone(), row.sha256.clone(), id.to_string(), counter).await;
         self.progress.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
         let update = match outcome {
-            Ok((verdict, entry)) => {
+            Ok((verdict, summary, entry)) => {
                 tracing::info!(id, bytes = row.bytes, seconds = started.elapsed().as_secs_f64(), verdict, "analysed");
                 loaded.put(id, Arc::new(entry));
-                store.meta.set_status(id, Status::Ready, None, Some(&verdict)).await
+                store.meta.set_status(id, Status::Ready, None, Some(&verdict), summary.as_ref()).await
             }
             Err(message) => {
                 tracing::info!(id, error = %message, "analysis failed");
-                store.meta.set_status(id, Status::Failed, Some(&message), None).await
+                store.meta.set_status(id, Status::Failed, Some(&message), None, None).await
             }
         };
         if let Err(e) = update {
             tracing::error!(id, error = %e, "cannot record the analysis");
         }
         // Deleted while it ran: drop what it wrote.
-        if matches!(store.meta.get(id).await, Ok(None)) {
+        if matches!(store.meta.by_sha256(id).await, Ok(None)) {
             let _ = store.results.delete(id);
             loaded.remove(id);
         }
     }
 }
 
-/// Parses and analyses a blob and writes the results; returns the verdict and the parsed
-/// snapshot, or the message to show.
+/// Parses and analyses a blob and writes the results; returns the verdict, the summary and
+/// the parsed snapshot, or the message to show.
 async fn analyze(
     store: Arc<Store>,
     sha256: String,
     id: String,
     counter: Arc<AtomicU64>,
-) -> Result<(String, Entry), String> {
+) -> Result<(String, Option<Summary>, Entry), String> {
     let file = store.blobs.open(&sha256).map_err(|e| format!("the upload is missing: {e}"))?;
     tokio::task::spawn_blocking(move || {
         let options = ingest::Options { progress: Some(counter), ..ingest::Options::default() };
@@ -137,7 +140,7 @@ async fn analyze(
         let written = Written { analysis: &analyzed.analysis, maps, timelines };
         store.results.write(&id, &written).map_err(|e| format!("cannot write the results: {e}"))?;
         let verdict = verdict.to_string();
-        Ok::<_, String>((verdict, entry))
+        Ok::<_, String>((verdict, Summary::of(&analyzed.analysis), entry))
     })
     .await
     .map_err(|e| format!("the analysis crashed: {e}"))?

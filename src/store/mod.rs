@@ -1,10 +1,11 @@
 //! The store: every file write and every SQL query. Nothing else touches the data directory.
 //!
 //! - `blobs`: uploads, content-addressed by sha256 ([`BlobStore`], local by default).
-//! - `meta`: snapshot metadata in SQLite.
-//! - `results`: what an analysis leaves (a cache: it can be recomputed from the blob).
+//! - `meta`: snapshot and run metadata in SQLite. Each upload has its own random id, name and
+//!   note; uploads of the same bytes share one blob and one analysis.
+//! - `results`: what an analysis leaves, by sha256 (a cache: it can be recomputed from the blob).
 //!
-//! Layout: `DATA/fragscope.db`, `DATA/blobs/ab/ab…`, `DATA/results/ID/`, `DATA/tmp/` (uploads
+//! Layout: `DATA/fragscope.db`, `DATA/blobs/ab/ab…`, `DATA/results/SHA256/`, `DATA/tmp/` (uploads
 //! in progress; emptied at start). Crash safety: an upload is renamed into place only once
 //! complete and synced, and its row is inserted after; a start removes temp files, partial
 //! results, blobs no row refers to, and results of deleted snapshots.
@@ -14,7 +15,7 @@ mod meta;
 mod results;
 
 pub use blobs::{BlobStore, LocalBlobs};
-pub use meta::{Meta, SnapshotRow, Status};
+pub use meta::{Meta, RunRow, SnapshotRow, Status};
 pub use results::{Results, Written};
 
 use std::path::PathBuf;
@@ -42,7 +43,38 @@ pub fn random_id() -> String {
 
 /// True for ids `random_id` makes; anything else never reaches a path.
 pub fn valid_id(id: &str) -> bool {
-    id.len() == 32 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    id.len() == 32 && lower_hex(id)
+}
+
+/// True for a sha256 as the store writes it (64 lower-case hex digits).
+pub fn valid_sha256(s: &str) -> bool {
+    s.len() == 64 && lower_hex(s)
+}
+
+fn lower_hex(s: &str) -> bool {
+    s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+/// What an upload is: its name and note, and the run and rank it belongs to.
+#[derive(Debug, Clone, Default)]
+pub struct Label {
+    pub name: String,
+    pub note: String,
+    /// The run key (a job id) shared by a job's ranks.
+    pub run_key: Option<String>,
+    pub rank: Option<i64>,
+}
+
+/// What deleting an upload did.
+pub struct Deleted {
+    /// Its content's key.
+    pub sha256: String,
+    /// No other upload had the same bytes: the blob and results are gone too.
+    pub last: bool,
 }
 
 pub struct Store {
@@ -50,6 +82,9 @@ pub struct Store {
     pub blobs: Arc<dyn BlobStore>,
     pub results: Results,
     tmp: PathBuf,
+    /// Held while an upload joins stored bytes or a delete removes them, so neither sees the
+    /// other half done (a re-upload racing the delete of the same bytes).
+    gate: tokio::sync::Mutex<()>,
 }
 
 impl Store {
@@ -60,7 +95,9 @@ impl Store {
         let meta = Meta::open(&data_dir.join("fragscope.db")).await?;
         let blobs = Arc::new(LocalBlobs::new(data_dir.join("blobs"))?);
         let results = Results::new(data_dir.join("results"))?;
-        Ok(Store { meta, blobs, results, tmp })
+        let store = Store { meta, blobs, results, tmp, gate: tokio::sync::Mutex::new(()) };
+        store.rekey_results().await?;
+        Ok(store)
     }
 
     /// A new file for an upload in progress, and its path.
@@ -89,65 +126,91 @@ impl Store {
                 self.blobs.delete(&sha)?;
             }
         }
-        // Results of snapshots whose row is gone (a delete the stop interrupted).
-        let ids: std::collections::HashSet<String> = self.meta.all_ids().await?.into_iter().collect();
-        for id in self.results.ids()? {
-            if !ids.contains(&id) {
-                self.results.delete(&id)?;
+        // Results of content no upload refers to any more (a delete the stop interrupted).
+        for key in self.results.keys()? {
+            if !shas.contains(&key) {
+                self.results.delete_folder(&key)?;
             }
         }
         Ok(())
     }
 
-    /// Keeps a finished upload: the existing snapshot if the same bytes were uploaded before
-    /// (then `temp` is removed), else a new queued one. Returns the row and whether it is new.
+    /// Results stored under a snapshot's id by versions before uploads had their own ids move
+    /// to their content's key.
+    async fn rekey_results(&self) -> Result<(), StoreError> {
+        for key in self.results.keys()? {
+            if valid_id(&key)
+                && let Some(row) = self.meta.get(&key).await?
+            {
+                self.results.rekey(&key, &row.sha256)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps a finished upload under a new id. Bytes stored before are not stored again (then
+    /// `temp` is removed) and the new upload shares their analysis. Returns the row and
+    /// whether its analysis is to be queued.
     pub async fn add_upload(
         &self,
         temp: PathBuf,
         sha256: String,
         bytes: u64,
-        name: String,
-        note: String,
+        label: Label,
     ) -> Result<(SnapshotRow, bool), StoreError> {
-        if let Some(row) = self.meta.by_sha256(&sha256).await? {
-            let _ = std::fs::remove_file(&temp);
-            return Ok((row, false));
-        }
-        let blobs = self.blobs.clone();
-        let sha = sha256.clone();
-        tokio::task::spawn_blocking(move || blobs.commit(&temp, &sha)).await??;
+        let run_id = match &label.run_key {
+            Some(key) => Some(self.meta.run_for_key(key, &random_id(), now()).await?.id),
+            None => None,
+        };
         let row = SnapshotRow {
             id: random_id(),
             sha256: sha256.clone(),
-            name,
-            note,
+            name: label.name,
+            note: label.note,
             bytes,
             status: Status::Queued,
             error: None,
             verdict: None,
-            created_at: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs() as i64)
-                .unwrap_or(0),
+            created_at: now(),
+            run_id,
+            rank: label.rank,
+            summary: None,
         };
-        match self.meta.insert(&row).await {
-            Ok(()) => Ok((row, true)),
-            // The same bytes, uploaded at the same moment by someone else: theirs won.
-            Err(e) => match self.meta.by_sha256(&sha256).await? {
-                Some(existing) => Ok((existing, false)),
-                None => Err(e),
-            },
+        let _gate = self.gate.lock().await;
+        if let Some(copied) = self.meta.insert_copy(&row).await? {
+            let _ = std::fs::remove_file(&temp);
+            return Ok((copied, false));
         }
+        let blobs = self.blobs.clone();
+        let sha = sha256.clone();
+        tokio::task::spawn_blocking(move || blobs.commit(&temp, &sha)).await??;
+        self.meta.insert(&row).await?;
+        Ok((row, true))
     }
 
-    /// Deletes a snapshot: its row first (the link stops working at once), then its files.
-    pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
-        let Some(row) = self.meta.get(id).await? else { return Ok(false) };
-        self.meta.delete(id).await?;
-        self.results.delete(id)?;
-        if self.meta.by_sha256(&row.sha256).await?.is_none() {
-            self.blobs.delete(&row.sha256)?;
+    /// Deletes an upload: its row first (the link stops working at once), then, if it was the
+    /// last upload of its bytes, their blob and results.
+    pub async fn delete(&self, id: &str) -> Result<Option<Deleted>, StoreError> {
+        let _gate = self.gate.lock().await;
+        let Some((sha256, left)) = self.meta.delete(id).await? else { return Ok(None) };
+        if left == 0 {
+            self.results.delete(&sha256)?;
+            self.blobs.delete(&sha256)?;
         }
-        Ok(true)
+        Ok(Some(Deleted { sha256, last: left == 0 }))
+    }
+
+    /// Deletes a run and every upload in it; the uploads deleted, or None when there is no
+    /// such run.
+    pub async fn delete_run(&self, id: &str) -> Result<Option<Vec<Deleted>>, StoreError> {
+        if self.meta.run(id).await?.is_none() {
+            return Ok(None);
+        }
+        let mut deleted = Vec::new();
+        for row in self.meta.run_snapshots(id).await? {
+            deleted.extend(self.delete(&row.id).await?);
+        }
+        self.meta.delete_run(id).await?;
+        Ok(Some(deleted))
     }
 }

@@ -1,8 +1,10 @@
-//! What an analysis leaves on disk, per snapshot: the analysis document, each device's
+//! What an analysis leaves on disk, per uploaded content (keyed by its sha256: the same bytes
+//! uploaded twice are analysed once): the analysis document, each device's
 //! timeline columns, and the segment maps a page opens first (the end, each OOM), so that after
 //! a restart every link is served at once without parsing the upload again.
 //!
-//! A snapshot's results are written into a temp directory and renamed into place whole.
+//! A snapshot's results are written into a temp directory, each file synced, and renamed into
+//! place whole; a failed write leaves nothing behind.
 //! Timeline files are memory-mapped when read. Their format: `FSTL`, a u32 version, a u64
 //! event count n, then n little-endian values per column: time_us (i64), then the series of
 //! `analysis::timeline::SERIES` (u64). Version 2 adds, per series, the minimum then the maximum
@@ -53,30 +55,26 @@ impl Results {
         Ok(Results { dir })
     }
 
-    fn path(&self, id: &str) -> PathBuf {
-        debug_assert!(super::valid_id(id));
-        self.dir.join(id)
+    fn path(&self, key: &str) -> PathBuf {
+        debug_assert!(super::valid_sha256(key));
+        self.dir.join(key)
     }
 
-    /// Writes a snapshot's results whole: into a temp directory, renamed into place.
-    pub fn write(&self, id: &str, w: &Written) -> io::Result<()> {
-        let temp = self.dir.join(format!(".{id}.partial-{}", super::random_id()));
-        std::fs::create_dir_all(&temp)?;
-        let doc = serde_json::to_vec(w.analysis).map_err(io::Error::other)?;
-        std::fs::write(temp.join(ANALYSIS), doc)?;
-        for (device, event, bytes) in &w.maps {
-            std::fs::write(temp.join(map_name(*device, *event)), bytes)?;
+    /// Writes the results of the content `key` whole: into a temp directory, renamed into place.
+    pub fn write(&self, key: &str, w: &Written) -> io::Result<()> {
+        let temp = self.dir.join(format!(".{key}.partial-{}", super::random_id()));
+        let written = write_all(&temp, w).and_then(|()| {
+            let dest = self.path(key);
+            if dest.exists() {
+                std::fs::remove_dir_all(&dest)?;
+            }
+            std::fs::rename(&temp, &dest)?;
+            File::open(&self.dir)?.sync_all()
+        });
+        if written.is_err() {
+            let _ = std::fs::remove_dir_all(&temp);
         }
-        for (device, t) in &w.timelines {
-            write_timeline(&temp.join(format!("timeline-{device}.bin")), t)?;
-        }
-        File::open(&temp)?.sync_all()?;
-        let dest = self.path(id);
-        if dest.exists() {
-            std::fs::remove_dir_all(&dest)?;
-        }
-        std::fs::rename(&temp, &dest)?;
-        File::open(&self.dir)?.sync_all()
+        written
     }
 
     /// The analysis document as stored (the API serves these bytes as they are).
@@ -106,16 +104,34 @@ impl Results {
         }
     }
 
-    /// Ids that have results on disk.
-    pub fn ids(&self) -> io::Result<Vec<String>> {
+    /// Names of the result folders on disk: sha256 keys, and the snapshot ids that keyed them
+    /// before (see [`Results::rekey`]).
+    pub fn keys(&self) -> io::Result<Vec<String>> {
         let mut out = Vec::new();
         for e in std::fs::read_dir(&self.dir)? {
             if let Some(name) = e?.file_name().to_str()
-                && super::valid_id(name) {
-                    out.push(name.to_string());
-                }
+                && (super::valid_sha256(name) || super::valid_id(name))
+            {
+                out.push(name.to_string());
+            }
         }
         Ok(out)
+    }
+
+    /// Moves results kept under a snapshot id (before uploads had their own ids) to their
+    /// content's key; drops them when that key has results already.
+    pub fn rekey(&self, id: &str, key: &str) -> io::Result<()> {
+        debug_assert!(super::valid_id(id));
+        let (from, to) = (self.dir.join(id), self.path(key));
+        if to.exists() { std::fs::remove_dir_all(from) } else { std::fs::rename(from, to) }
+    }
+
+    /// Removes a folder [`Results::keys`] listed.
+    pub fn delete_folder(&self, name: &str) -> io::Result<()> {
+        if super::valid_sha256(name) || super::valid_id(name) {
+            std::fs::remove_dir_all(self.dir.join(name))?;
+        }
+        Ok(())
     }
 
     /// Removes half-written results (a crash during a write).
@@ -128,6 +144,26 @@ impl Results {
         }
         Ok(())
     }
+}
+
+/// Writes every file of a result folder and syncs each, then the folder.
+fn write_all(temp: &Path, w: &Written) -> io::Result<()> {
+    std::fs::create_dir_all(temp)?;
+    let doc = serde_json::to_vec(w.analysis).map_err(io::Error::other)?;
+    write_synced(&temp.join(ANALYSIS), &doc)?;
+    for (device, event, bytes) in &w.maps {
+        write_synced(&temp.join(map_name(*device, *event)), bytes)?;
+    }
+    for (device, t) in &w.timelines {
+        write_timeline(&temp.join(format!("timeline-{device}.bin")), t)?;
+    }
+    File::open(temp)?.sync_all()
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut f = File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
 }
 
 fn write_timeline(path: &Path, t: &Timeline) -> io::Result<()> {
@@ -247,14 +283,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let results = Results::new(dir.path().to_path_buf()).unwrap();
         let t = timeline(10_007);
-        let id = crate::store::random_id();
+        let id = "a".repeat(64);
         results.write(&id, &written(&empty_analysis(), &t)).unwrap();
         let v2 = results.timeline(&id, 0).unwrap();
         assert!(v2.blocks(0).is_some());
         // A version 1 file: the same header and columns, without the blocks (under another
         // id: rewriting a mapped file in place is what results never do).
         let bytes = std::fs::read(dir.path().join(&id).join("timeline-0.bin")).unwrap();
-        let old = crate::store::random_id();
+        let old = "b".repeat(64);
         results.write(&old, &written(&empty_analysis(), &t)).unwrap();
         let path = dir.path().join(&old).join("timeline-0.bin");
         let mut v1 = bytes[..HEADER + 6 * 8 * t.len()].to_vec();

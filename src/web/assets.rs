@@ -20,6 +20,10 @@ pub(crate) const ASSETS: &[(&str, &str, &[u8])] = assets! {
     "css/app.css" => "text/css; charset=utf-8",
     "js/home.js" => "text/javascript; charset=utf-8",
     "js/snapshot.js" => "text/javascript; charset=utf-8",
+    "js/run.js" => "text/javascript; charset=utf-8",
+    "js/compare.js" => "text/javascript; charset=utf-8",
+    "js/data/curves.js" => "text/javascript; charset=utf-8",
+    "js/draw/curves.js" => "text/javascript; charset=utf-8",
     "js/data/columns.js" => "text/javascript; charset=utf-8",
     "js/data/format.js" => "text/javascript; charset=utf-8",
     "js/data/fragment.js" => "text/javascript; charset=utf-8",
@@ -72,4 +76,28 @@ fn asset(path: &str, headers: &HeaderMap) -> Response {
         r.headers_mut().insert(header::ETAG, v);
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    /// A script added under static/ but not listed above would 404 in the page alone.
+    #[test]
+    fn every_static_file_is_built_in() {
+        fn walk(dir: &std::path::Path, base: &std::path::Path, out: &mut Vec<String>) {
+            for e in std::fs::read_dir(dir).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, base, out);
+                } else {
+                    out.push(p.strip_prefix(base).unwrap().to_string_lossy().replace('\\', "/"));
+                }
+            }
+        }
+        let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("static");
+        let mut files = Vec::new();
+        walk(&base, &base, &mut files);
+        for f in files.iter().filter(|f| !f.ends_with("package.json")) {
+            assert!(super::ASSETS.iter().any(|(p, _, _)| p == f), "static/{f} is not in ASSETS");
+        }
+    }
 }

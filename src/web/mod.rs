@@ -7,6 +7,7 @@ mod assets;
 pub(crate) mod error;
 pub(crate) mod extract;
 mod fills;
+mod jobs;
 mod pages;
 #[cfg(test)]
 mod testing;
@@ -23,7 +24,6 @@ use tower_http::trace::TraceLayer;
 
 use crate::config::Config;
 use crate::service::Service;
-use crate::service::loaded::Loaded;
 use crate::store::{SnapshotRow, Status, Store, valid_id};
 use error::ApiError;
 
@@ -87,6 +87,8 @@ pub(crate) fn router(state: AppState) -> Router {
     let mut app = api::routes()
         .route("/", axum::routing::get(pages::home))
         .route("/s/{id}", axum::routing::get(pages::snapshot))
+        .route("/r/{id}", axum::routing::get(jobs::run))
+        .route("/compare/{a}/{b}", axum::routing::get(jobs::compare))
         .route("/static/{*path}", axum::routing::get(assets::serve))
         .route("/favicon.ico", axum::routing::get(assets::favicon))
         .route("/healthz", axum::routing::get(|| async { "ok" }))
@@ -125,7 +127,7 @@ pub(crate) async fn serve(config: Config) -> Result<(), Box<dyn std::error::Erro
     let state = state(config).await?;
     let store = state.service.store.clone();
     if let Some(days) = state.config.retain_days {
-        tokio::spawn(retention(store.clone(), state.service.loaded.clone(), days));
+        tokio::spawn(retention(state.service.clone(), days));
     }
     let wanted = state.config.addr;
     let listener = match tokio::net::TcpListener::bind(wanted).await {
@@ -177,17 +179,16 @@ async fn shutdown_signal() {
 }
 
 /// Deletes snapshots older than `days`, hourly.
-async fn retention(store: Arc<Store>, loaded: Arc<Loaded>, days: u64) {
+async fn retention(service: Service, days: u64) {
     let mut tick = tokio::time::interval(Duration::from_secs(3600));
     loop {
         tick.tick().await;
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let cutoff = now.saturating_sub(days * 86400) as i64;
-        match store.meta.created_before(cutoff).await {
+        match service.store.meta.created_before(cutoff).await {
             Ok(ids) => {
                 for id in ids {
-                    if store.delete(&id).await.is_ok() {
-                        loaded.remove(&id);
+                    if service.delete(&id).await.is_ok() {
                         tracing::info!(id, "deleted: older than the retention period");
                     }
                 }

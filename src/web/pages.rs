@@ -49,6 +49,10 @@ struct Snapshot {
     devices: Vec<DeviceCard>,
     settings: Vec<(String, String)>,
     annotations: Vec<String>,
+    /// The run it belongs to (page id), if any.
+    run: Option<String>,
+    /// Snapshots to compare it with: (id, label), the other ranks of its run first.
+    compare_with: Vec<(String, String)>,
 }
 
 struct DeviceCard {
@@ -94,11 +98,14 @@ pub(crate) struct PageError(pub ApiError);
 impl IntoResponse for PageError {
     fn into_response(self) -> Response {
         let status = self.0.status();
-        let (title, detail) = match status {
-            StatusCode::NOT_FOUND => {
+        let (title, detail) = match (&self.0, status) {
+            (ApiError::NotFound(what), _) => {
+                ("Not found".to_string(), format!("There is no {what} at this link. It may have been deleted."))
+            }
+            (_, StatusCode::NOT_FOUND) => {
                 ("Not found".to_string(), "There is no snapshot at this link. It may have been deleted.".to_string())
             }
-            s => (s.canonical_reason().unwrap_or("Error").to_string(), self.0.detail()),
+            (_, s) => (s.canonical_reason().unwrap_or("Error").to_string(), self.0.detail()),
         };
         if let ApiError::Internal(e) = &self.0 {
             tracing::error!(error = %e, "page error");
@@ -122,11 +129,11 @@ impl From<crate::store::StoreError> for PageError {
     }
 }
 
-fn render(t: impl Template) -> Result<Html<String>, PageError> {
+pub(super) fn render(t: impl Template) -> Result<Html<String>, PageError> {
     t.render().map(Html).map_err(|e| PageError(ApiError::Internal(e.to_string())))
 }
 
-fn date(unix: i64) -> String {
+pub(super) fn date(unix: i64) -> String {
     // Days since 1970 to a civil date (Howard Hinnant's algorithm), without a date crate.
     let days = unix.div_euclid(86400);
     let z = days + 719468;
@@ -190,15 +197,39 @@ pub(crate) async fn snapshot(
         devices: Vec::new(),
         settings: Vec::new(),
         annotations: Vec::new(),
+        run: row.run_id.clone(),
+        compare_with: Vec::new(),
     };
     if page.ready {
         fill(&app, &row, &mut page).await?;
+        page.compare_with = compare_with(&app, &row).await?;
     }
     render(page)
 }
 
+/// What a ready snapshot can be compared with: the other ranks of its run, then (unless the
+/// server wants a token, which keeps its list private) the most recent snapshots.
+async fn compare_with(app: &AppState, row: &SnapshotRow) -> Result<Vec<(String, String)>, PageError> {
+    let meta = &app.service.store.meta;
+    let mut out: Vec<(String, String)> = Vec::new();
+    if let Some(run) = &row.run_id {
+        for r in meta.run_snapshots(run).await? {
+            let rank = r.rank.map(|k| format!("rank {k}: ")).unwrap_or_default();
+            out.push((r.id, format!("{rank}{}", r.name)));
+        }
+    }
+    if app.config.token.is_none() {
+        for r in meta.list(20, 0).await? {
+            out.push((r.id, format!("{} ({})", r.name, date(r.created_at))));
+        }
+    }
+    let mut seen = std::collections::HashSet::from([row.id.clone()]);
+    out.retain(|(id, _)| seen.insert(id.clone()));
+    Ok(out)
+}
+
 async fn fill(app: &AppState, row: &SnapshotRow, page: &mut Snapshot) -> Result<(), PageError> {
-    let a = app.service.analysis(&row.id).await.map_err(ApiError::from)?;
+    let a = app.service.analysis(row).await.map_err(ApiError::from)?;
     for d in &a.devices {
         let mut card = device_card(d);
         let prefix = format!("device {}:", d.device);

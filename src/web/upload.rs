@@ -20,11 +20,32 @@ pub(crate) struct Received {
     pub(crate) bytes: u64,
     /// The first bytes, to sniff the format without reading the file again.
     pub(crate) head: Vec<u8>,
-    /// From a multipart form: the file's name and the `name` and `note` fields.
+    /// From a multipart form: the file's name and the text fields.
+    pub(crate) form: Form,
+}
+
+/// The text fields of an upload form, each bounded in size (413 past it) and in time.
+#[derive(Default)]
+pub(crate) struct Form {
     pub(crate) filename: Option<String>,
     pub(crate) name: Option<String>,
     pub(crate) note: Option<String>,
+    pub(crate) run: Option<String>,
+    pub(crate) rank: Option<String>,
 }
+
+/// The most bytes a form's text field may hold, by field name (others: [`OTHER_FIELD`]).
+fn field_limit(name: &str) -> usize {
+    match name {
+        "note" => 16 << 10,
+        "name" | "run" => 1 << 10,
+        "rank" => 32,
+        _ => OTHER_FIELD,
+    }
+}
+
+/// Fields the server does not read are skipped, up to this size each.
+const OTHER_FIELD: usize = 16 << 10;
 
 /// Slowest average an upload may keep after its grace period (`--request-timeout`).
 const MIN_BYTES_PER_SEC: u64 = 64 << 10;
@@ -78,12 +99,7 @@ impl Spool {
         self.file.write_all(chunk).await.map_err(|e| ApiError::Internal(format!("temp file: {e}")))
     }
 
-    async fn finish(
-        mut self,
-        filename: Option<String>,
-        name: Option<String>,
-        note: Option<String>,
-    ) -> Result<Received, ApiError> {
+    async fn finish(mut self, form: Form) -> Result<Received, ApiError> {
         self.file.flush().await.map_err(|e| ApiError::Internal(format!("temp file: {e}")))?;
         if self.bytes == 0 {
             return Err(ApiError::BadRequest("the upload is empty".into()));
@@ -94,9 +110,7 @@ impl Spool {
             sha256,
             bytes: self.bytes,
             head: std::mem::take(&mut self.head),
-            filename,
-            name,
-            note,
+            form,
         })
     }
 }
@@ -128,10 +142,10 @@ pub(crate) async fn receive(
             let chunk: Bytes = chunk.map_err(|e| ApiError::BadRequest(format!("the upload was cut off: {e}")))?;
             spool.write(&chunk).await?;
         }
-        return spool.finish(None, None, None).await;
+        return spool.finish(Form::default()).await;
     }
     let mut form = Multipart::from_request(request, &()).await.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let (mut filename, mut name, mut note, mut got_file) = (None, None, None, false);
+    let (mut form_fields, mut got_file) = (Form::default(), false);
     while let Some(mut field) = tokio::time::timeout(idle, form.next_field())
         .await
         .map_err(|_| too_slow(idle))?
@@ -143,21 +157,52 @@ pub(crate) async fn receive(
                 return Err(ApiError::BadRequest("one snapshot per upload: the form has several files".into()));
             }
             got_file = true;
-            filename = field.file_name().map(|s| s.to_string());
-            while let Some(chunk) = tokio::time::timeout(idle, field.chunk())
-                .await
-                .map_err(|_| too_slow(idle))?
-                .map_err(|e| ApiError::BadRequest(e.body_text()))?
-            {
+            form_fields.filename = field.file_name().map(|s| s.chars().take(1024).collect());
+            while let Some(chunk) = next_chunk(&mut field, idle).await? {
                 spool.write(&chunk).await?;
             }
-        } else if field_name == "name" || field_name == "note" {
-            let text = field.text().await.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-            if field_name == "name" { name = Some(text) } else { note = Some(text) }
+            continue;
+        }
+        let text = text_field(&mut field, &field_name, idle).await?;
+        match field_name.as_str() {
+            "name" => form_fields.name = Some(text),
+            "note" => form_fields.note = Some(text),
+            "run" => form_fields.run = Some(text),
+            "rank" => form_fields.rank = Some(text),
+            _ => {}
         }
     }
     if !got_file {
         return Err(ApiError::BadRequest("the form has no file field".into()));
     }
-    spool.finish(filename, name, note).await
+    spool.finish(form_fields).await
+}
+
+async fn next_chunk(
+    field: &mut axum::extract::multipart::Field<'_>,
+    idle: std::time::Duration,
+) -> Result<Option<Bytes>, ApiError> {
+    tokio::time::timeout(idle, field.chunk())
+        .await
+        .map_err(|_| too_slow(idle))?
+        .map_err(|e| ApiError::BadRequest(e.body_text()))
+}
+
+/// Reads a text field chunk by chunk under the same stall timeout as the file, refusing it
+/// (413) the moment it passes its limit.
+async fn text_field(
+    field: &mut axum::extract::multipart::Field<'_>,
+    field_name: &str,
+    idle: std::time::Duration,
+) -> Result<String, ApiError> {
+    let max = field_limit(field_name);
+    let mut bytes = Vec::new();
+    while let Some(chunk) = next_chunk(field, idle).await? {
+        if bytes.len() + chunk.len() > max {
+            let shown: String = field_name.chars().filter(|c| c.is_ascii_graphic()).take(40).collect();
+            return Err(ApiError::TooLarge(format!("the form field `{shown}` is longer than its limit of {max} bytes")));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }

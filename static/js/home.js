@@ -1,5 +1,6 @@
 // The home page: drag-and-drop or pick snapshots; each is uploaded with a progress bar, then
-// its analysis is followed to the end; one file lands on its page, several get links.
+// its analysis is followed to the end. One file lands on its page; several dropped together
+// are one run (ranks from `rank<N>` in the file names, else their order) and land on its page.
 
 import { bytes } from "./data/format.js";
 
@@ -26,16 +27,33 @@ drop.addEventListener("drop", (ev) => {
 input.addEventListener("change", () => start([...input.files]));
 
 function start(files) {
-  const jobs = files.map((f) => upload(f));
-  Promise.all(jobs).then((pages) => {
-    const done = pages.filter(Boolean);
-    if (files.length === 1 && done.length === 1) location.href = done[0];
+  const run = files.length > 1 ? runKey() : null;
+  const ranks = rankFiles(files);
+  const jobs = files.map((f, i) => upload(f, run ? { key: run, rank: ranks[i] } : null));
+  Promise.all(jobs).then((results) => {
+    const done = results.filter(Boolean);
+    if (files.length === 1 && done.length === 1) location.href = done[0].page_url;
+    else if (run && done.length && done[0].run) location.href = done[0].run.page_url;
     else refreshRecent();
   });
 }
 
-/** Uploads one file (XHR: fetch cannot report upload progress); resolves to its page or null. */
-function upload(file) {
+/** A key no other drop shares (any random string groups the uploads; it opens nothing). */
+function runKey() {
+  const b = crypto.getRandomValues(new Uint8Array(12));
+  return `browser-${[...b].map((x) => x.toString(16).padStart(2, "0")).join("")}`;
+}
+
+/** Each file's rank: the number after `rank` in its name, else its place in the drop. */
+function rankFiles(files) {
+  const found = files.map((f) => /rank[_-]?(\d+)/i.exec(f.name));
+  const all = found.every(Boolean) && new Set(found.map((m) => m[1])).size === files.length;
+  return files.map((_, i) => (all ? Number(found[i][1]) : i));
+}
+
+/** Uploads one file (XHR: fetch cannot report upload progress); resolves to the upload's
+ * answer once analysed, or null. */
+function upload(file, run) {
   const li = document.createElement("li");
   const title = document.createElement("div");
   title.textContent = `${file.name} (${bytes(file.size)})`;
@@ -49,7 +67,8 @@ function upload(file) {
   list.append(li);
   return new Promise((resolve) => {
     const xhr = new XMLHttpRequest();
-    xhr.open("POST", `/api/v1/snapshots?name=${encodeURIComponent(file.name)}`);
+    const into = run ? `&run=${encodeURIComponent(run.key)}&rank=${run.rank}` : "";
+    xhr.open("POST", `/api/v1/snapshots?name=${encodeURIComponent(file.name)}${into}`);
     if (token && token.value) xhr.setRequestHeader("Authorization", `Bearer ${token.value}`);
     xhr.upload.addEventListener("progress", (ev) => {
       if (ev.lengthComputable) bar.value = ev.loaded / ev.total;
@@ -96,7 +115,7 @@ async function follow(created, bar, status) {
         why.textContent = s.error;
         status.append(why);
       }
-      return s.status === "ready" ? created.page_url : null;
+      return s.status === "ready" ? created : null;
     }
     await new Promise((res) => setTimeout(res, 300));
   }

@@ -8,7 +8,7 @@ import { bytes, eventLabel } from "./data/format.js";
 import { siteKey } from "./data/colors.js";
 import { SegMap } from "./draw/segmap.js";
 import { pending } from "./page/pending.js";
-import { bindWhatIf, bindCopy, bindDelete } from "./page/controls.js";
+import { bindWhatIf, bindCopy, bindDelete, bindCompare } from "./page/controls.js";
 import { renderPinners } from "./page/pinners.js";
 import { Timeline } from "./draw/timeline.js";
 import { drawActive } from "./draw/active.js";
@@ -17,6 +17,7 @@ const app = document.getElementById("app");
 const id = app.dataset.id;
 const api = `/api/v1/snapshots/${id}`;
 bindDelete(api);
+bindCompare(id);
 
 if (app.dataset.status !== "ready") pending(api);
 else ready();

@@ -1,6 +1,7 @@
 //! One integration-test binary (faster to link than one per file). Each module is one family.
 
 mod browser;
+mod browser_jobs;
 mod categories;
 mod diagnosis;
 mod external;
@@ -12,6 +13,7 @@ mod layering;
 mod notebook;
 mod reader_props;
 mod replay;
+mod runs;
 mod server;
 mod simulate;
 mod truth;

@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::util::*;
 
 #[test]
-fn every_upload_form_works_and_the_same_bytes_give_the_same_snapshot() {
+fn every_upload_form_works_and_the_same_bytes_are_analysed_once_under_their_own_ids() {
     let server = TestServer::start(&[]);
     let client = TestServer::client();
     // curl --data-binary @f
@@ -29,9 +29,10 @@ fn every_upload_form_works_and_the_same_bytes_give_the_same_snapshot() {
     let r = client.post(server.url("/api/v1/snapshots?name=two")).body(Body::new(file)).send().unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let streamed: Value = r.json().unwrap();
-    // The same bytes again: the existing snapshot, not parsed again.
+    // The same bytes again: stored and analysed once, but under a new id (knowing a file
+    // must not reveal someone else's link).
     let again = server.upload(&snapshot_path("seed_frag_default"));
-    assert_eq!(again["id"], raw["id"]);
+    assert_ne!(again["id"], raw["id"]);
     assert_eq!(again["duplicate"], true);
     for (created, name) in [(&raw, "snapshot"), (&formed, "capacity run"), (&streamed, "two")] {
         let id = created["id"].as_str().unwrap();
@@ -44,7 +45,17 @@ fn every_upload_form_works_and_the_same_bytes_give_the_same_snapshot() {
     }
     assert_eq!(server.get_json(&format!("/api/v1/snapshots/{}", formed["id"].as_str().unwrap()))["note"], "bs=64");
     let list = server.get_json("/api/v1/snapshots");
-    assert_eq!(list.as_array().unwrap().len(), 3);
+    assert_eq!(list.as_array().unwrap().len(), 4);
+    // Each upload is deleted on its own: the other keeps its analysis and its file.
+    let (first, second) = (raw["id"].as_str().unwrap(), again["id"].as_str().unwrap());
+    assert_eq!(server.wait_done(second)["status"], "ready");
+    let r = client.delete(server.url(&format!("/api/v1/snapshots/{first}"))).send().unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    assert_eq!(client.get(server.url(&format!("/api/v1/snapshots/{first}"))).send().unwrap().status().as_u16(), 404);
+    let diagnosis = server.get_json(&format!("/api/v1/snapshots/{second}/diagnosis"));
+    assert!(diagnosis.to_string().contains("fragmentation"), "{diagnosis}");
+    let blob = client.get(server.url(&format!("/api/v1/snapshots/{second}/blob"))).send().unwrap();
+    assert_eq!(blob.bytes().unwrap().len() as u64, std::fs::metadata(snapshot_path("seed_frag_default")).unwrap().len());
 }
 
 #[test]
@@ -231,7 +242,7 @@ fn delete_removes_the_blob_the_results_and_the_link() {
     let id = created["id"].as_str().unwrap();
     let sha = server.wait_done(id)["sha256"].as_str().unwrap().to_string();
     let blob = server.data.join("blobs").join(&sha[..2]).join(&sha);
-    let results = server.data.join("results").join(id);
+    let results = server.data.join("results").join(&sha);
     assert!(blob.exists() && results.exists());
     let r = TestServer::client().delete(server.url(&format!("/api/v1/snapshots/{id}"))).send().unwrap();
     assert_eq!(r.status().as_u16(), 204);
@@ -327,7 +338,11 @@ fn retention_deletes_snapshots_older_than_the_period() {
         assert!(start.elapsed() < std::time::Duration::from_secs(20), "not deleted");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    assert!(std::fs::read_dir(data.join("results")).unwrap().next().is_none());
+    // The files go right after the row (the link stops working first).
+    while std::fs::read_dir(data.join("results")).unwrap().next().is_some() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(20), "results not deleted");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 /// Each event's compile context and user metadata as python3's pickle reads them ('' and

@@ -128,3 +128,31 @@ test("colouring by what blocks hold is kept in the fragment, and every category 
   assert.equal(categoryColor("activation"), CATEGORY_COLORS.activation);
   assert.equal(categoryColor(undefined), CATEGORY_COLORS.unknown);
 });
+
+import { decodeCurves, curvesMax, grid, sortRanks } from "../../static/js/data/curves.js";
+
+test("curves decode per snapshot, with not-ready ones marked", () => {
+  const points = 3;
+  const buf = new ArrayBuffer(8 + 2 * points * 8);
+  const head = new DataView(buf);
+  head.setUint32(0, 2, true);
+  head.setUint32(4, points, true);
+  const f = new Float32Array(buf, 8);
+  f.set([1, 5, 2, 0, 1, 1, NaN, NaN, NaN, NaN, NaN, NaN]);
+  const d = decodeCurves(buf);
+  assert.equal(d.points, 3);
+  assert.deepEqual([...d.curves[0].reserved], [1, 5, 2]);
+  assert.deepEqual([...d.curves[0].allocated], [0, 1, 1]);
+  assert.equal(d.curves[1].ready, false);
+  assert.equal(curvesMax(d), 5);
+});
+
+test("more than 8 ranks become small multiples; ranks sort by rank or peak", () => {
+  assert.equal(grid(8, 1000).overlay, true);
+  const g = grid(64, 1120);
+  assert.equal(g.overlay, false);
+  assert.equal(g.cols * g.rows >= 64, true);
+  const ranks = [{ rank: 0, peak_reserved_bytes: 5 }, { rank: 1, peak_reserved_bytes: 9 }, { rank: 2, peak_reserved_bytes: null }];
+  assert.deepEqual(sortRanks(ranks, "peak").map((r) => r.rank), [1, 0, 2]);
+  assert.deepEqual(sortRanks(ranks, "rank").map((r) => r.rank), [0, 1, 2]);
+});

@@ -1,6 +1,7 @@
 //! The REST API under `/api/v1`, one file per resource. The routes are fixed: scripts rely on
 //! them (see `static/openapi.json`, served at `/api/v1/openapi.json`).
 
+pub(crate) mod runs;
 pub(crate) mod snapshots;
 pub(crate) mod views;
 
@@ -27,6 +28,10 @@ pub const PATHS: &[&str] = &[
     "/api/v1/snapshots/{id}/devices/{device}/active",
     "/api/v1/snapshots/{id}/devices/{device}/breakdown",
     "/api/v1/snapshots/{id}/devices/{device}/simulate",
+    "/api/v1/runs",
+    "/api/v1/runs/{id}",
+    "/api/v1/compare",
+    "/api/v1/curves",
     "/api/v1/openapi.json",
 ];
 
@@ -50,6 +55,10 @@ pub(crate) fn routes() -> Router<AppState> {
         .route(&format!("{device}/active"), get(views::active))
         .route(&format!("{device}/breakdown"), get(views::breakdown))
         .route(&format!("{device}/simulate"), get(views::simulate))
+        .route("/api/v1/runs", get(runs::list))
+        .route("/api/v1/runs/{id}", get(runs::get).delete(runs::delete))
+        .route("/api/v1/compare", get(runs::compare))
+        .route("/api/v1/curves", get(runs::curves))
         .route("/api/v1/openapi.json", get(openapi))
 }
 

@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use crate::service::Upload;
+use crate::store::Label;
 use crate::store::{SnapshotRow, Status};
 use crate::web::error::ApiError;
 use crate::web::extract::{Path, Query};
@@ -17,6 +18,8 @@ use crate::web::{AppState, upload};
 pub(crate) struct CreateQuery {
     name: Option<String>,
     note: Option<String>,
+    run: Option<String>,
+    rank: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -24,13 +27,41 @@ pub(crate) struct Created {
     id: String,
     status_url: String,
     page_url: String,
-    /// True when the same bytes were uploaded before: this is that snapshot.
+    /// True when the same bytes were uploaded before: they are analysed once, and this upload
+    /// has its own id, name and note all the same.
     duplicate: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run: Option<RunLink>,
 }
 
-/// What a name or a note may be: printable, bounded.
-fn clean(text: &str, max: usize) -> String {
-    text.chars().filter(|c| !c.is_control()).take(max).collect::<String>().trim().to_string()
+#[derive(Serialize)]
+pub(crate) struct RunLink {
+    id: String,
+    page_url: String,
+}
+
+/// Characters that reorder text on screen (U+202E shows `gpj.exe` as `exe.jpg`).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{200E}' | '\u{200F}' | '\u{061C}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// What a name, a note or a run key may be: printable, in display order, bounded.
+pub(crate) fn clean(text: &str, max: usize) -> String {
+    text.chars().filter(|c| !c.is_control() && !is_bidi_control(*c)).take(max).collect::<String>().trim().to_string()
+}
+
+/// The upload's name, note, run and rank: from the query, else the form.
+fn label(q: CreateQuery, form: upload::Form) -> Result<Label, ApiError> {
+    let name = q.name.or(form.name).or(form.filename).unwrap_or_else(|| "snapshot".into());
+    let note = q.note.or(form.note).unwrap_or_default();
+    let run_key = q.run.or(form.run).map(|r| clean(&r, 200)).filter(|r| !r.is_empty());
+    let rank = match q.rank.or(form.rank).map(|r| r.trim().to_string()).filter(|r| !r.is_empty()) {
+        None => None,
+        Some(r) => Some(r.parse::<i64>().ok().filter(|r| (0..=1_000_000).contains(r)).ok_or_else(|| {
+            ApiError::BadRequest(format!("rank must be a whole number from 0 to 1000000, got {:?}", clean(&r, 40)))
+        })?),
+    };
+    Ok(Label { name: clean(&name, 200), note: clean(&note, 4000), run_key, rank })
 }
 
 pub(crate) async fn create(
@@ -46,10 +77,8 @@ pub(crate) async fn create(
     let path = temp.0.clone();
     let got =
         upload::receive(request, temp, app.config.max_upload, idle).await.inspect_err(|_| store.discard_temp(&path))?;
-    let name = q.name.as_deref().or(got.name.as_deref()).or(got.filename.as_deref()).unwrap_or("snapshot");
-    let note = q.note.as_deref().or(got.note.as_deref()).unwrap_or("");
-    let (name, note) = (clean(name, 200), clean(note, 4000));
-    let up = Upload { temp: got.temp, sha256: got.sha256, bytes: got.bytes, head: got.head, name, note };
+    let label = label(q, got.form).inspect_err(|_| store.discard_temp(&got.temp))?;
+    let up = Upload { temp: got.temp, sha256: got.sha256, bytes: got.bytes, head: got.head, label };
     let admitted = app.service.admit(up).await?;
     Ok((StatusCode::ACCEPTED, Json(created(&admitted.row, admitted.duplicate))))
 }
@@ -60,6 +89,7 @@ fn created(row: &SnapshotRow, duplicate: bool) -> Created {
         status_url: format!("/api/v1/snapshots/{}", row.id),
         page_url: format!("/s/{}", row.id),
         duplicate,
+        run: row.run_id.as_ref().map(|r| RunLink { id: r.clone(), page_url: format!("/r/{r}") }),
     }
 }
 
@@ -86,7 +116,7 @@ pub(crate) fn status_view(app: &AppState, row: SnapshotRow) -> StatusView {
         Status::Analyzing => app
             .service
             .worker
-            .progress(&row.id)
+            .progress(&row.sha256)
             .map(|read| read as f64 / row.bytes.max(1) as f64)
             .unwrap_or(0.0)
             .min(0.99),
@@ -113,10 +143,11 @@ pub(crate) async fn get(State(app): State<AppState>, Path(id): Path<String>) -> 
     Ok(Json(status_view(&app, row)))
 }
 
+/// A page of a list: `limit` items from `offset` (each list caps `limit`).
 #[derive(Deserialize)]
 pub(crate) struct ListQuery {
-    limit: Option<u32>,
-    offset: Option<u32>,
+    pub(crate) limit: Option<u32>,
+    pub(crate) offset: Option<u32>,
 }
 
 pub(crate) async fn list(

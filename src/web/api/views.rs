@@ -41,8 +41,8 @@ fn json_bytes<T: Serialize>(v: &T) -> Result<Vec<u8>, ApiError> {
 
 /// The stored analysis of a ready snapshot, typed.
 async fn stored(app: &AppState, id: &str) -> Result<Analysis, ApiError> {
-    app.ready(id).await?;
-    Ok(app.service.analysis(id).await?)
+    let row = app.ready(id).await?;
+    Ok(app.service.analysis(&row).await?)
 }
 
 /// The analysis document as stored, passed through untouched.
@@ -52,7 +52,7 @@ pub(crate) async fn analysis(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let row = app.ready(&id).await?;
-    let bytes = app.service.store.results.analysis_bytes(&id).map_err(crate::store::StoreError::from)?;
+    let bytes = app.service.store.results.analysis_bytes(&row.sha256).map_err(crate::store::StoreError::from)?;
     Ok(immutable(&headers, &row, "analysis", "application/json", bytes))
 }
 
@@ -110,7 +110,7 @@ pub(crate) async fn timeline(
 ) -> Result<Response, ApiError> {
     let row = app.ready(&id).await?;
     let points = q.points.unwrap_or(1000).clamp(1, 20_000);
-    let d = app.service.timeline(&id, device, q.start, q.end, points).await?;
+    let d = app.service.timeline(&row, device, q.start, q.end, points).await?;
     let binary = q.format.as_deref() == Some("bin")
         || headers
             .get(header::ACCEPT)
@@ -210,7 +210,7 @@ pub(crate) async fn state(
     let row = app.ready(&id).await?;
     let event = parse_event(&q)?;
     let tag = format!("m{device}-{}", event.map(|e| e.to_string()).unwrap_or_else(|| "final".into()));
-    if let Ok(stored) = app.service.store.results.map(&id, device, event) {
+    if let Ok(stored) = app.service.store.results.map(&row.sha256, device, event) {
         return Ok(immutable(&headers, &row, &tag, "application/json", stored));
     }
     let body = on_device(&app, &row, device, move |entry, i, d| {
@@ -232,7 +232,7 @@ pub(crate) async fn breakdown(
     let event = parse_event(&q)?;
     // The end was broken down at analysis time: no parse needed.
     if event.is_none()
-        && let Some(end) = app.service.final_breakdown(&id, device).await? {
+        && let Some(end) = app.service.final_breakdown(&row, device).await? {
             return Ok(Json(end));
         }
     on_device(&app, &row, device, move |entry, i, d| {

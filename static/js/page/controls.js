@@ -67,3 +67,12 @@ export function bindDelete(api) {
     else button.textContent = `delete failed (${r.status})`;
   });
 }
+
+/** "compare with…": opens the comparison of this snapshot (a) with the one picked (b). */
+export function bindCompare(id) {
+  const select = document.getElementById("compare-with");
+  if (!select) return;
+  select.addEventListener("change", () => {
+    if (/^[0-9a-f]{32}$/.test(select.value)) location.href = `/compare/${id}/${select.value}`;
+  });
+}

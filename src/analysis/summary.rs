@@ -1,0 +1,137 @@
+//! One line per snapshot: the numbers a run's page and a comparison put side by side. Kept
+//! with the snapshot's row so a run of 64 ranks is one query, not 64 analysis documents.
+
+use serde::{Deserialize, Serialize};
+
+use super::breakdown::{Breakdown, Moment};
+use super::{Analysis, DeviceAnalysis};
+
+/// A snapshot at a glance: its busiest device's peaks, OOM and verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    /// The device these numbers are of: the one with an OOM, else the highest peak.
+    pub device: i64,
+    /// Most bytes reserved at once over the trace.
+    pub peak_reserved_bytes: u64,
+    /// Most bytes allocated at once over the trace.
+    pub peak_allocated_bytes: u64,
+    /// The trace holds an out-of-memory event.
+    pub oom: bool,
+    /// The diagnosis verdict (`no_oom`, `capacity`, `fragmentation`, ...).
+    pub verdict: String,
+    /// Free bytes pinned by live blocks: at the first OOM, else at the end.
+    pub pinned_free_bytes: u64,
+    /// The category holding most bytes: at the first OOM, else at the peak.
+    pub largest_category: Option<String>,
+}
+
+/// The device a summary describes: the first with an OOM, else the one that peaked highest.
+pub fn main_device(a: &Analysis) -> Option<&DeviceAnalysis> {
+    a.devices.iter().find(|d| !d.ooms.is_empty()).or_else(|| a.devices.iter().max_by_key(|d| d.peak.reserved_bytes))
+}
+
+/// The breakdown that says what filled memory when it mattered: the first OOM's, else the
+/// peak's, else the end's.
+pub fn key_breakdown(d: &DeviceAnalysis) -> Option<&Breakdown> {
+    let at = |m: Moment| d.memory.breakdown.iter().find(|b| b.moment == m);
+    at(Moment::Oom).or_else(|| at(Moment::Peak)).or_else(|| at(Moment::Final))
+}
+
+impl Summary {
+    /// The summary of an analysis (None when it has no device).
+    pub fn of(a: &Analysis) -> Option<Summary> {
+        let d = main_device(a)?;
+        let largest = key_breakdown(d)
+            .and_then(|b| b.categories.iter().filter(|(_, v)| **v > 0).max_by_key(|(_, v)| **v).map(|(c, _)| *c))
+            .and_then(|c| serde_json::to_value(c).ok())
+            .and_then(|v| v.as_str().map(str::to_string));
+        Some(Summary {
+            device: d.device,
+            peak_reserved_bytes: d.peak.reserved_bytes,
+            peak_allocated_bytes: d.peak.allocated_bytes,
+            oom: !d.ooms.is_empty(),
+            verdict: d.diagnosis.verdict.as_str().to_string(),
+            pinned_free_bytes: d.ooms.first().map(|o| o.pinned_free_bytes).unwrap_or(d.pinned.bytes),
+            largest_category: largest,
+        })
+    }
+}
+
+/// The spread of peaks across a run's ranks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeakSpread {
+    /// The lowest rank peak of reserved bytes.
+    pub min: u64,
+    /// The highest.
+    pub max: u64,
+    /// The rank that reached it (the lowest of equals).
+    pub rank_of_max: Option<i64>,
+}
+
+/// A run at a glance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// Ranks uploaded.
+    pub ranks: u64,
+    /// Ranks whose analysis is done.
+    pub ready: u64,
+    /// Ranks that ran out of memory, in rank order.
+    pub oom_ranks: Vec<i64>,
+    /// Peaks of reserved bytes over the ready ranks.
+    pub peak_reserved_bytes: PeakSpread,
+    /// The highest rank peak over the lowest (1.0: balanced); None until a rank is ready.
+    pub imbalance: Option<f64>,
+}
+
+impl RunSummary {
+    /// Sums up the ranks of a run: `(rank, summary once ready)`.
+    pub fn of(ranks: &[(i64, Option<&Summary>)]) -> RunSummary {
+        let ready: Vec<(i64, &Summary)> = ranks.iter().filter_map(|(r, s)| s.map(|s| (*r, s))).collect();
+        let mut oom_ranks: Vec<i64> = ready.iter().filter(|(_, s)| s.oom).map(|(r, _)| *r).collect();
+        oom_ranks.sort_unstable();
+        let min = ready.iter().map(|(_, s)| s.peak_reserved_bytes).min().unwrap_or(0);
+        let max = ready.iter().map(|(_, s)| s.peak_reserved_bytes).max().unwrap_or(0);
+        let rank_of_max =
+            ready.iter().filter(|(_, s)| s.peak_reserved_bytes == max).map(|(r, _)| *r).min().filter(|_| !ready.is_empty());
+        RunSummary {
+            ranks: ranks.len() as u64,
+            ready: ready.len() as u64,
+            oom_ranks,
+            peak_reserved_bytes: PeakSpread { min, max, rank_of_max },
+            imbalance: (!ready.is_empty()).then(|| max as f64 / min.max(1) as f64),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(peak: u64, oom: bool) -> Summary {
+        Summary {
+            device: 0,
+            peak_reserved_bytes: peak,
+            peak_allocated_bytes: peak / 2,
+            oom,
+            verdict: if oom { "capacity" } else { "no_oom" }.into(),
+            pinned_free_bytes: 0,
+            largest_category: None,
+        }
+    }
+
+    #[test]
+    fn a_run_names_its_oom_ranks_and_its_imbalance() {
+        let (a, b, c) = (s(100, false), s(300, true), s(150, false));
+        let r = RunSummary::of(&[(2, Some(&c)), (0, Some(&a)), (1, Some(&b)), (3, None)]);
+        assert_eq!((r.ranks, r.ready), (4, 3));
+        assert_eq!(r.oom_ranks, vec![1]);
+        assert_eq!(r.peak_reserved_bytes, PeakSpread { min: 100, max: 300, rank_of_max: Some(1) });
+        assert_eq!(r.imbalance, Some(3.0));
+    }
+
+    #[test]
+    fn a_run_with_nothing_ready_has_no_imbalance() {
+        let r = RunSummary::of(&[(0, None)]);
+        assert_eq!((r.ready, r.imbalance, r.peak_reserved_bytes.rank_of_max), (0, None, None));
+    }
+}

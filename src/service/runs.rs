@@ -1,0 +1,258 @@
+//! Runs (one job's ranks), comparisons of two snapshots, and memory curves of several
+//! snapshots on one x axis: what the run and compare pages and routes are made of.
+
+use serde::Serialize;
+
+use super::{Service, ServiceError};
+use crate::analysis::compare::{Comparison, compare};
+use crate::analysis::summary::{RunSummary, Summary};
+use crate::store::{RunRow, SnapshotRow, Status};
+
+/// One rank of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RankView {
+    pub rank: i64,
+    pub snapshot_id: String,
+    pub name: String,
+    pub page_url: String,
+    pub status: Status,
+    pub peak_reserved_bytes: Option<u64>,
+    pub peak_allocated_bytes: Option<u64>,
+    pub oom: Option<bool>,
+    pub verdict: Option<String>,
+    pub pinned_free_bytes: Option<u64>,
+    pub largest_category: Option<String>,
+    /// Why the analysis failed, if it did.
+    pub error: Option<String>,
+}
+
+/// A run: its ranks and what they add up to (`GET /api/v1/runs/{id}`).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunView {
+    pub id: String,
+    /// The run key the uploads gave (a job id).
+    pub name: String,
+    pub page_url: String,
+    pub created_at: i64,
+    pub ranks: Vec<RankView>,
+    pub summary: RunSummary,
+}
+
+/// The memory curves of several snapshots on one x axis (the share of each one's events).
+pub struct Curves {
+    pub points: usize,
+    /// Per snapshot: the bucket maxima of reserved and of allocated bytes (None: not ready).
+    pub curves: Vec<Option<(Vec<f32>, Vec<f32>)>>,
+}
+
+impl Curves {
+    /// Little-endian: u32 curves, u32 points, then per curve `points` f32 of reserved bytes
+    /// and `points` of allocated (NaN for a snapshot not ready).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + self.curves.len() * self.points * 8);
+        out.extend((self.curves.len() as u32).to_le_bytes());
+        out.extend((self.points as u32).to_le_bytes());
+        for c in &self.curves {
+            for s in 0..2 {
+                for i in 0..self.points {
+                    let v = c.as_ref().map(|(r, a)| if s == 0 { r[i] } else { a[i] }).unwrap_or(f32::NAN);
+                    out.extend(v.to_le_bytes());
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The most snapshots one curves request may draw.
+pub const MAX_CURVES: usize = 256;
+
+/// Each rank once (its newest upload); uploads without a rank take the ranks after the
+/// highest, in upload order.
+fn by_rank(rows: Vec<SnapshotRow>) -> Vec<(i64, SnapshotRow)> {
+    let mut next = rows.iter().filter_map(|r| r.rank).max().map(|m| m + 1).unwrap_or(0);
+    let mut out: Vec<(i64, SnapshotRow)> = Vec::new();
+    for row in rows {
+        let rank = row.rank.unwrap_or_else(|| {
+            next += 1;
+            next - 1
+        });
+        match out.iter_mut().find(|(r, _)| *r == rank) {
+            Some(slot) if slot.1.created_at <= row.created_at => slot.1 = row,
+            Some(_) => {}
+            None => out.push((rank, row)),
+        }
+    }
+    out.sort_by_key(|(r, _)| *r);
+    out
+}
+
+fn rank_view(rank: i64, row: &SnapshotRow) -> RankView {
+    let s = row.summary.as_ref();
+    RankView {
+        rank,
+        snapshot_id: row.id.clone(),
+        name: row.name.clone(),
+        page_url: format!("/s/{}", row.id),
+        status: row.status,
+        peak_reserved_bytes: s.map(|s| s.peak_reserved_bytes),
+        peak_allocated_bytes: s.map(|s| s.peak_allocated_bytes),
+        oom: s.map(|s| s.oom),
+        verdict: row.verdict.clone(),
+        pinned_free_bytes: s.map(|s| s.pinned_free_bytes),
+        largest_category: s.and_then(|s| s.largest_category.clone()),
+        error: row.error.clone(),
+    }
+}
+
+impl Service {
+    /// A ready snapshot's summary, computed from its analysis (and kept) when the analysis
+    /// was stored before summaries were.
+    async fn with_summary(&self, mut row: SnapshotRow) -> SnapshotRow {
+        if row.status == Status::Ready && row.summary.is_none()
+            && let Ok(a) = self.analysis(&row).await
+            && let Some(s) = Summary::of(&a)
+        {
+            let _ = self.store.meta.set_summary(&row.sha256, &s).await;
+            row.summary = Some(s);
+        }
+        row
+    }
+
+    /// A run with each rank's numbers; None when there is no such run.
+    pub async fn run(&self, id: &str) -> Result<Option<RunView>, ServiceError> {
+        let Some(run) = self.store.meta.run(id).await? else { return Ok(None) };
+        Ok(Some(self.run_view(run).await?))
+    }
+
+    async fn run_view(&self, run: RunRow) -> Result<RunView, ServiceError> {
+        let mut rows = Vec::new();
+        for row in self.store.meta.run_snapshots(&run.id).await? {
+            rows.push(self.with_summary(row).await);
+        }
+        let ranks = by_rank(rows);
+        let summary = RunSummary::of(&ranks.iter().map(|(r, row)| (*r, row.summary.as_ref())).collect::<Vec<_>>());
+        Ok(RunView {
+            page_url: format!("/r/{}", run.id),
+            id: run.id,
+            name: run.key,
+            created_at: run.created_at,
+            ranks: ranks.iter().map(|(r, row)| rank_view(*r, row)).collect(),
+            summary,
+        })
+    }
+
+    /// Runs, newest first.
+    pub async fn runs(&self, limit: u32, offset: u32) -> Result<Vec<RunView>, ServiceError> {
+        let mut out = Vec::new();
+        for run in self.store.meta.runs(limit, offset).await? {
+            out.push(self.run_view(run).await?);
+        }
+        Ok(out)
+    }
+
+    /// Deletes a run and its snapshots; false when there was none.
+    pub async fn delete_run(&self, id: &str) -> Result<bool, ServiceError> {
+        let Some(deleted) = self.store.delete_run(id).await? else { return Ok(false) };
+        for d in deleted.iter().filter(|d| d.last) {
+            self.loaded.remove(&d.sha256);
+        }
+        Ok(true)
+    }
+
+    /// Compares two ready snapshots (`a` before, `b` after).
+    pub async fn compare(&self, a: &SnapshotRow, b: &SnapshotRow) -> Result<Comparison, ServiceError> {
+        let (a, b) = (self.analysis(a).await?, self.analysis(b).await?);
+        Ok(compare(&a, &b))
+    }
+
+    /// Each snapshot's reserved and allocated bytes over its events, in `points` buckets of
+    /// the share of its events gone by, so that runs of different lengths overlay.
+    pub async fn curves(&self, rows: &[SnapshotRow], points: usize) -> Result<Curves, ServiceError> {
+        let mut curves = Vec::with_capacity(rows.len());
+        for row in rows {
+            if row.status != Status::Ready {
+                curves.push(None);
+                continue;
+            }
+            let row = self.with_summary(row.clone()).await;
+            let device = row.summary.as_ref().map(|s| s.device).unwrap_or(0);
+            let d = match self.timeline(&row, device, None, None, points).await {
+                Ok(d) => d,
+                Err(ServiceError::Missing(_)) => {
+                    curves.push(None);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            curves.push(Some(resample(&d, points)));
+        }
+        Ok(Curves { points, curves })
+    }
+}
+
+/// Buckets by event onto `points` equal shares of the events: each share takes the largest
+/// bucket that starts in it, and an empty share repeats the one before.
+fn resample(d: &crate::analysis::timeline::Downsampled, points: usize) -> (Vec<f32>, Vec<f32>) {
+    let total = (d.end - d.start).max(1) as f64;
+    let (mut reserved, mut allocated) = (vec![f32::NAN; points], vec![f32::NAN; points]);
+    for (i, e) in d.event.iter().enumerate() {
+        let j = ((((*e - d.start) as f64) / total) * points as f64) as usize;
+        let j = j.min(points - 1);
+        let (r, a) = (d.max[0][i] as f32, d.max[1][i] as f32);
+        reserved[j] = if reserved[j].is_nan() { r } else { reserved[j].max(r) };
+        allocated[j] = if allocated[j].is_nan() { a } else { allocated[j].max(a) };
+    }
+    for j in 1..points {
+        if reserved[j].is_nan() {
+            (reserved[j], allocated[j]) = (reserved[j - 1], allocated[j - 1]);
+        }
+    }
+    (reserved, allocated)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, rank: Option<i64>, created_at: i64) -> SnapshotRow {
+        SnapshotRow {
+            id: id.into(),
+            sha256: String::new(),
+            name: id.into(),
+            note: String::new(),
+            bytes: 1,
+            status: Status::Ready,
+            error: None,
+            verdict: None,
+            created_at,
+            run_id: None,
+            rank,
+            summary: None,
+        }
+    }
+
+    #[test]
+    fn each_rank_keeps_its_newest_upload_and_unranked_uploads_follow() {
+        let rows = vec![row("a", Some(1), 1), row("b", Some(0), 2), row("c", Some(1), 3), row("d", None, 4)];
+        let got: Vec<(i64, String)> = by_rank(rows).into_iter().map(|(r, row)| (r, row.id)).collect();
+        assert_eq!(got, vec![(0, "b".to_string()), (1, "c".to_string()), (2, "d".to_string())]);
+    }
+
+    #[test]
+    fn curves_are_resampled_onto_shares_of_the_events() {
+        let d = crate::analysis::timeline::Downsampled {
+            start: 0,
+            end: 4,
+            event: vec![0, 1, 2, 3],
+            time_us: vec![0; 4],
+            min: Default::default(),
+            max: [vec![1, 5, 2, 7], vec![1, 2, 3, 4], vec![], vec![], vec![]],
+        };
+        let (r, a) = resample(&d, 8);
+        assert_eq!(r, vec![1.0, 1.0, 5.0, 5.0, 2.0, 2.0, 7.0, 7.0]);
+        assert_eq!(a[7], 4.0);
+        let (r, _) = resample(&d, 2);
+        assert_eq!(r, vec![5.0, 7.0]);
+    }
+}

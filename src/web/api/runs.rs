@@ -1,0 +1,87 @@
+//! `/api/v1/runs`: one job's ranks; `/api/v1/compare`: two snapshots side by side;
+//! `/api/v1/curves`: several snapshots' memory over their events, for the overlays.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use crate::analysis::compare::Comparison;
+use crate::service::runs::{MAX_CURVES, RunView};
+use crate::store::valid_id;
+use crate::web::AppState;
+use crate::web::error::ApiError;
+use crate::web::api::snapshots::ListQuery;
+use crate::web::extract::{Path, Query};
+
+/// A run by its page id, or 404 (the same for a malformed id as for an unknown one).
+async fn run_of(app: &AppState, id: &str) -> Result<RunView, ApiError> {
+    if !valid_id(id) {
+        return Err(ApiError::NotFound("run"));
+    }
+    app.service.run(id).await?.ok_or(ApiError::NotFound("run"))
+}
+
+pub(crate) async fn get(State(app): State<AppState>, Path(id): Path<String>) -> Result<Json<RunView>, ApiError> {
+    Ok(Json(run_of(&app, &id).await?))
+}
+
+pub(crate) async fn list(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Vec<RunView>>, ApiError> {
+    app.authorize(&headers)?;
+    Ok(Json(app.service.runs(q.limit.unwrap_or(20).min(100), q.offset.unwrap_or(0)).await?))
+}
+
+/// Deletes a run and every snapshot in it.
+pub(crate) async fn delete(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    app.authorize(&headers)?;
+    run_of(&app, &id).await?;
+    app.service.delete_run(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+pub(crate) struct CompareQuery {
+    a: String,
+    b: String,
+}
+
+/// Two ready snapshots side by side: `a` before, `b` after.
+pub(crate) async fn compare(
+    State(app): State<AppState>,
+    Query(q): Query<CompareQuery>,
+) -> Result<Json<Comparison>, ApiError> {
+    let (a, b) = (app.ready(&q.a).await?, app.ready(&q.b).await?);
+    Ok(Json(app.service.compare(&a, &b).await?))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct CurvesQuery {
+    /// Snapshot ids, comma-separated.
+    ids: String,
+    points: Option<usize>,
+}
+
+/// Reserved and allocated bytes of several snapshots over the share of their events gone by,
+/// as little-endian f32 columns (see `service::runs::Curves::to_bytes`).
+pub(crate) async fn curves(State(app): State<AppState>, Query(q): Query<CurvesQuery>) -> Result<Response, ApiError> {
+    let ids: Vec<&str> = q.ids.split(',').filter(|s| !s.is_empty()).collect();
+    if ids.is_empty() || ids.len() > MAX_CURVES {
+        return Err(ApiError::BadRequest(format!("ids: from 1 to {MAX_CURVES} snapshot ids, comma-separated")));
+    }
+    let mut rows = Vec::with_capacity(ids.len());
+    for id in ids {
+        rows.push(app.row(id).await?);
+    }
+    let points = q.points.unwrap_or(400).clamp(2, 2000);
+    let curves = app.service.curves(&rows, points).await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], curves.to_bytes()).into_response())
+}

@@ -1,0 +1,44 @@
+//! The pages of a run (`/r/{id}`: one job's ranks) and of a comparison (`/compare/{a}/{b}`).
+//! The server renders the names (escaped by askama); the numbers and curves come from the API
+//! and are drawn by `static/js/run.js` and `static/js/compare.js`.
+
+use askama::Template;
+use axum::extract::State;
+use axum::response::Html;
+
+use super::AppState;
+use super::error::ApiError;
+use super::extract::Path;
+use super::pages::{PageError, date, render};
+use crate::store::valid_id;
+
+#[derive(Template)]
+#[template(path = "run.html")]
+struct RunPage {
+    id: String,
+    name: String,
+    date: String,
+}
+
+pub(crate) async fn run(State(app): State<AppState>, Path(id): Path<String>) -> Result<Html<String>, PageError> {
+    let run = if valid_id(&id) { app.service.store.meta.run(&id).await? } else { None };
+    let run = run.ok_or(PageError(ApiError::NotFound("run")))?;
+    render(RunPage { id: run.id, name: run.key, date: date(run.created_at) })
+}
+
+#[derive(Template)]
+#[template(path = "compare.html")]
+struct ComparePage {
+    a: String,
+    b: String,
+    a_name: String,
+    b_name: String,
+}
+
+pub(crate) async fn compare(
+    State(app): State<AppState>,
+    Path((a, b)): Path<(String, String)>,
+) -> Result<Html<String>, PageError> {
+    let (ra, rb) = (app.row(&a).await?, app.row(&b).await?);
+    render(ComparePage { a: ra.id, b: rb.id, a_name: ra.name, b_name: rb.name })
+}

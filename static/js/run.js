@@ -1,0 +1,122 @@
+// The run page: one row per rank (peaks as bars to one scale, the verdict, what fills memory),
+// sortable, each opening its rank's page; the ranks' curves overlaid, or small multiples.
+
+import { bytes } from "./data/format.js";
+import { decodeCurves, sortRanks } from "./data/curves.js";
+import { drawCurves } from "./draw/curves.js";
+
+const main = document.getElementById("run");
+const id = main.dataset.id;
+const body = document.getElementById("ranks");
+const summary = document.getElementById("run-summary");
+const canvas = document.getElementById("curves");
+let run = null;
+let curves = null;
+let curvesFor = "";
+
+const words = { fragmentation: "OOM: fragmentation", capacity: "OOM: capacity", no_oom: "no OOM" };
+
+function cell(text, cls) {
+  const td = document.createElement("td");
+  td.textContent = text;
+  if (cls) td.className = cls;
+  return td;
+}
+
+function bar(value, max, cls) {
+  const b = document.createElement("div");
+  b.className = `bar ${cls}`;
+  b.style.width = `${max > 0 && value != null ? (100 * value) / max : 0}%`;
+  return b;
+}
+
+function renderSummary() {
+  const s = run.summary;
+  const parts = [`${s.ranks} ranks, ${s.ready} analysed.`];
+  if (s.oom_ranks.length) parts.push(`Out of memory: rank ${s.oom_ranks.join(", rank ")}.`);
+  else if (s.ready) parts.push("No rank ran out of memory.");
+  if (s.imbalance != null) {
+    parts.push(`Peak reserved from ${bytes(s.peak_reserved_bytes.min)} to ${bytes(s.peak_reserved_bytes.max)}`
+      + ` (rank ${s.peak_reserved_bytes.rank_of_max}; ${s.imbalance.toFixed(2)}x the lowest).`);
+  }
+  const first = run.ranks.find((r) => r.oom);
+  const p = document.createElement("p");
+  p.textContent = parts.join(" ");
+  const h = document.createElement("h2");
+  h.textContent = first ? `Rank ${first.rank} ran out of memory: ${words[first.verdict] || first.verdict}` : "No OOM";
+  summary.className = `verdict ${s.oom_ranks.length ? "bad" : ""}`;
+  summary.replaceChildren(h, p);
+  if (first) {
+    const a = document.createElement("a");
+    a.href = first.page_url;
+    a.textContent = `Open rank ${first.rank}'s diagnosis`;
+    summary.append(a);
+  }
+}
+
+function renderRows() {
+  const by = document.querySelector("input[name=sort]:checked").value;
+  const max = Math.max(0, ...run.ranks.map((r) => r.peak_reserved_bytes || 0));
+  const rows = sortRanks(run.ranks, by).map((r) => {
+    const tr = document.createElement("tr");
+    tr.className = `rank${r.oom ? " oom" : ""}`;
+    tr.dataset.rank = r.rank;
+    tr.addEventListener("click", (ev) => {
+      if (ev.target.tagName !== "A") location.href = r.page_url;
+    });
+    const link = document.createElement("a");
+    link.href = r.page_url;
+    link.textContent = r.name;
+    const name = cell("");
+    name.append(link);
+    const bars = cell("", "barcol");
+    bars.append(bar(r.peak_reserved_bytes, max, "reserved"), bar(r.peak_allocated_bytes, max, "allocated"));
+    const figures = document.createElement("div");
+    figures.className = "hint";
+    figures.textContent = r.peak_reserved_bytes == null ? r.status
+      : `${bytes(r.peak_reserved_bytes)} reserved, ${bytes(r.peak_allocated_bytes)} allocated`;
+    bars.append(figures);
+    const verdict = r.status === "ready" ? (words[r.verdict] || r.verdict) : (r.error || r.status);
+    tr.append(cell(String(r.rank)), name, bars, cell(verdict, `verdict-${(r.verdict || r.status).replace("_", "-")}`),
+      cell((r.largest_category || "").replace("_", " ")), cell(r.pinned_free_bytes == null ? "" : bytes(r.pinned_free_bytes)));
+    return tr;
+  });
+  body.replaceChildren(...rows);
+}
+
+async function drawAll() {
+  const ready = run.ranks.filter((r) => r.status === "ready");
+  if (!ready.length) return;
+  const key = ready.map((r) => r.snapshot_id).join(",");
+  if (key !== curvesFor) {
+    const ids = run.ranks.map((r) => r.snapshot_id).join(",");
+    const res = await fetch(`/api/v1/curves?ids=${ids}&points=300`);
+    if (!res.ok) return;
+    curves = decodeCurves(await res.arrayBuffer());
+    curvesFor = key;
+  }
+  const style = (i) => (run.ranks[i].oom ? "#b3261e" : `hsl(${(i * 47) % 360} 35% 50% / 0.8)`);
+  drawCurves(canvas, curves, style, (i) => `rank ${run.ranks[i].rank}`);
+}
+
+async function refresh() {
+  const res = await fetch(`/api/v1/runs/${id}`);
+  if (!res.ok) {
+    summary.textContent = `The run could not be loaded (${res.status}).`;
+    return;
+  }
+  run = await res.json();
+  renderSummary();
+  renderRows();
+  await drawAll();
+  main.dataset.ready = String(run.summary.ready === run.summary.ranks);
+  if (run.summary.ready < run.summary.ranks && !run.ranks.some((r) => r.status === "failed")) setTimeout(refresh, 1000);
+}
+
+document.querySelectorAll("input[name=sort]").forEach((el) => el.addEventListener("change", renderRows));
+let resize = 0;
+window.addEventListener("resize", () => {
+  cancelAnimationFrame(resize);
+  resize = requestAnimationFrame(() => curves && drawAll());
+});
+refresh();
