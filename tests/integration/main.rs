@@ -11,6 +11,7 @@ mod hostile;
 mod js;
 mod layering;
 mod notebook;
+mod python_client;
 mod reader_props;
 mod replay;
 mod runs;

@@ -1,0 +1,182 @@
+"""Reading from a fragscope server: snapshots, their analysis and series, runs and
+comparisons, as plain data (dicts and lists) or, with pandas installed, DataFrames."""
+
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from .upload import upload
+
+
+class ServerError(Exception):
+    """The server answered with an error: `status` and its `detail`."""
+
+    def __init__(self, status, detail):
+        super().__init__(f"{status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class Client:
+    """A fragscope server: `Client("http://host:8080", token=None)`."""
+
+    def __init__(self, url, token=None, timeout=60.0):
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    def _get(self, path, params=None, raw=False):
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        request = urllib.request.Request(self.url + path + query)
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as r:
+                body = r.read()
+        except urllib.error.HTTPError as e:
+            text = e.read().decode("utf-8", "replace")
+            try:
+                text = json.loads(text).get("detail", text)
+            except ValueError:
+                pass
+            raise ServerError(e.code, text) from None
+        return body if raw else json.loads(body)
+
+    def upload(self, path_or_snapshot, **kwargs):
+        """Uploads a snapshot (see `fragscope.upload`); returns its `Snapshot`, or raises
+        `ServerError` when it could not be delivered (the file it was saved to is in the message)."""
+        d = upload(path_or_snapshot, self.url, token=self.token, quiet=True, **kwargs)
+        if not d.ok:
+            raise ServerError(0, f"{d.error}; saved to {d.saved}")
+        return Snapshot(self, d.id)
+
+    def snapshot(self, id):
+        return Snapshot(self, id)
+
+    def snapshots(self, limit=50):
+        return self._get("/api/v1/snapshots", {"limit": limit})
+
+    def run(self, id):
+        return Run(self, id)
+
+    def compare(self, a, b):
+        """Two snapshots side by side (`a` before, `b` after): the API's compare document."""
+        ids = [x.id if isinstance(x, Snapshot) else x for x in (a, b)]
+        return self._get("/api/v1/compare", {"a": ids[0], "b": ids[1]})
+
+
+def _frame(columns):
+    import pandas as pd
+
+    return pd.DataFrame(columns)
+
+
+class Snapshot:
+    """One uploaded snapshot, by id."""
+
+    def __init__(self, client, id):
+        self.client = client
+        self.id = id
+
+    @property
+    def page_url(self):
+        return f"{self.client.url}/s/{self.id}"
+
+    def status(self):
+        return self.client._get(f"/api/v1/snapshots/{self.id}")
+
+    def wait(self, timeout=600.0, poll=0.2):
+        """Waits for the analysis; returns the status (raises `ServerError` if it failed)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            s = self.status()
+            if s["status"] == "ready":
+                return s
+            if s["status"] == "failed":
+                raise ServerError(422, s.get("error") or "the analysis failed")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the analysis of {self.id} is still {s['status']}")
+            time.sleep(poll)
+
+    def analysis(self):
+        """The whole analysis document."""
+        self.wait()
+        return self.client._get(f"/api/v1/snapshots/{self.id}/analysis")
+
+    def _device(self, device):
+        if device is not None:
+            return device
+        devices = self.analysis()["devices"]
+        with_oom = [d for d in devices if d["ooms"]]
+        return (with_oom or devices)[0]["device"]
+
+    def diagnosis(self, device=None):
+        """The verdict, summary and remedies of a device (default: the first with an OOM)."""
+        device = self._device(device)
+        return next(d for d in self.client._get(f"/api/v1/snapshots/{self.id}/diagnosis") if d["device"] == device)["diagnosis"]
+
+    def timeline(self, device=None, points=2000, frame=False):
+        """Memory over the events in `points` buckets: per series the bucket's min and max. With
+        `frame=True`, a DataFrame with one row per bucket (`event`, `time_us`, `<series>_min`,
+        `<series>_max`)."""
+        device = self._device(device)
+        t = self.client._get(f"/api/v1/snapshots/{self.id}/devices/{device}/timeline", {"points": points})
+        if not frame:
+            return t
+        columns = {"event": t["event"], "time_us": t["time_us"]}
+        for name, s in t["series"].items():
+            columns[f"{name}_min"] = s["min"]
+            columns[f"{name}_max"] = s["max"]
+        return _frame(columns)
+
+    def breakdown(self, device=None, event=None, frame=False):
+        """What fills memory right after `event` (default: the end): bytes by category and the
+        top call sites. With `frame=True`, a DataFrame of the call sites."""
+        device = self._device(device)
+        params = {"event": event} if event is not None else None
+        b = self.client._get(f"/api/v1/snapshots/{self.id}/devices/{device}/breakdown", params)
+        if not frame:
+            return b
+        rows = [
+            {
+                "call_site": (f"{s['call_site']['filename']}:{s['call_site']['line']} ({s['call_site']['name']})"
+                              if s.get("call_site") else "unknown"),
+                "category": s["category"],
+                "bytes": s["bytes"],
+                "blocks": s["blocks"],
+            }
+            for s in b["call_sites"]
+        ]
+        return _frame({k: [r[k] for r in rows] for k in ("call_site", "category", "bytes", "blocks")})
+
+    def download(self, path):
+        """Writes the original upload to `path`."""
+        data = self.client._get(f"/api/v1/snapshots/{self.id}/blob", raw=True)
+        with open(os.fspath(path), "wb") as f:
+            f.write(data)
+        return path
+
+    def __repr__(self):
+        return f"Snapshot({self.page_url!r})"
+
+
+class Run:
+    """A run: one job's ranks."""
+
+    def __init__(self, client, id):
+        self.client = client
+        self.id = id
+
+    def view(self):
+        return self.client._get(f"/api/v1/runs/{self.id}")
+
+    def ranks(self, frame=False):
+        """One entry per rank: peaks, OOM, verdict, pinned free bytes, largest category."""
+        ranks = self.view()["ranks"]
+        return _frame({k: [r[k] for r in ranks] for k in ranks[0]}) if frame and ranks else ranks
+
+    def snapshots(self):
+        return [Snapshot(self.client, r["snapshot_id"]) for r in self.view()["ranks"]]

@@ -1,0 +1,168 @@
+"""The client against a real fragscope server (started by the cargo test suite, which sets
+FRAGSCOPE_TEST_URL and FRAGSCOPE_FIXTURES). Expected values come from the fixtures' truth files."""
+
+import contextlib
+import io
+import json
+import os
+import pickle
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import types
+import unittest
+
+import fragscope
+from fragscope.__main__ import ranks_of
+
+URL = os.environ.get("FRAGSCOPE_TEST_URL")
+FIXTURES = os.environ.get("FRAGSCOPE_FIXTURES", "")
+
+
+def fixture(name):
+    for candidate in (f"{name}.pickle", f"categories/{name}.pickle.zst", f"{name}.pickle.zst"):
+        path = os.path.join(FIXTURES, candidate)
+        if os.path.exists(path):
+            return path
+    raise FileNotFoundError(name)
+
+
+def truth(name):
+    for candidate in (f"{name}.truth.json", f"categories/{name}.truth.json"):
+        path = os.path.join(FIXTURES, candidate)
+        if os.path.exists(path):
+            with open(path) as f:
+                return json.load(f)
+    raise FileNotFoundError(name)
+
+
+def closed_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@unittest.skipUnless(URL, "FRAGSCOPE_TEST_URL is not set: run through cargo test")
+class AgainstTheServer(unittest.TestCase):
+    def test_upload_then_read_the_diagnosis(self):
+        d = fragscope.upload(fixture("seed_frag_default"), URL, name="from python", quiet=True)
+        self.assertTrue(d.ok, d)
+        self.assertRegex(d.id, r"^[0-9a-f]{32}$")
+        self.assertEqual(d.page_url, f"{URL}/s/{d.id}")
+        snap = fragscope.Client(URL).snapshot(d.id)
+        self.assertEqual(snap.wait()["name"], "from python")
+        self.assertEqual(snap.diagnosis()["verdict"], "fragmentation")
+        t = snap.timeline(points=50)
+        events = snap.analysis()["devices"][0]["trace"]["events"]
+        self.assertEqual(t["events"], events)
+        b = snap.breakdown()
+        self.assertEqual(sum(b["categories"].values()), b["allocated_bytes"])
+
+    def test_dataframes(self):
+        try:
+            import pandas  # noqa: F401
+        except ImportError:
+            self.skipTest("pandas is not installed")
+        snap = fragscope.Client(URL).upload(fixture("capacity_oom"))
+        frame = snap.timeline(points=100, frame=True)
+        self.assertIn("reserved_bytes_max", frame.columns)
+        peak = truth("capacity_oom")["memory_stats"]["reserved_bytes.all.peak"]
+        self.assertEqual(int(frame["reserved_bytes_max"].max()), peak)
+        sites = snap.breakdown(frame=True)
+        self.assertEqual(list(sites.columns), ["call_site", "category", "bytes", "blocks"])
+
+    def test_the_shell_command_makes_one_run_with_the_oom_rank(self):
+        files = [fixture(f"ranks3_rank{r}") for r in (2, 0, 1)]
+        self.assertEqual(ranks_of(files), [2, 0, 1])
+        out = subprocess.run([sys.executable, "-m", "fragscope", "upload", *files, "--url", URL, "--run", "py-job"],
+                             capture_output=True, text=True, timeout=120, env=dict(os.environ))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        run_url = re.search(r"^run: (\S+)$", out.stdout, re.M).group(1)
+        run = fragscope.Client(URL).run(run_url.rsplit("/", 1)[1])
+        for s in run.snapshots():
+            s.wait()
+        view = run.view()
+        want = [r for r in (0, 1, 2) if truth(f"ranks3_rank{r}")["memory_stats"]["num_ooms"] > 0]
+        self.assertEqual(view["summary"]["oom_ranks"], want)
+        self.assertEqual([r["rank"] for r in view["ranks"]], [0, 1, 2])
+        self.assertEqual(view["name"], "py-job")
+
+    def test_an_unreachable_server_gets_a_local_file_and_its_path(self):
+        with open(fixture("seed_frag_default"), "rb") as f:
+            data = f.read()
+        with tempfile.TemporaryDirectory() as tmp:
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                d = fragscope.upload(data, f"http://127.0.0.1:{closed_port()}", fallback_dir=tmp, timeout=3)
+            self.assertFalse(d.ok)
+            self.assertTrue(d.saved.startswith(tmp))
+            with open(d.saved, "rb") as f:
+                self.assertEqual(f.read(), data, "the snapshot is kept whole")
+            self.assertIn(d.saved, err.getvalue())
+
+    def test_a_refused_upload_is_kept_too(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            d = fragscope.upload(b"not a snapshot at all", URL, fallback_dir=tmp, quiet=True)
+            self.assertFalse(d.ok)
+            self.assertIn("refused", d.error)
+            self.assertTrue(os.path.exists(d.saved))
+
+    def test_the_oom_observer_uploads_with_the_run_and_rank_and_never_raises(self):
+        # torch's hooks, recorded: the real ones are exercised on a GPU by tests/gpu.
+        with open(fixture("capacity_oom"), "rb") as f:
+            snapshot = pickle.load(f)
+        hooks = {}
+        torch = types.ModuleType("torch")
+        torch.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(
+            _record_memory_history=lambda **kw: hooks.setdefault("record", kw),
+            _snapshot=lambda: snapshot))
+        torch._C = types.SimpleNamespace(_cuda_attach_out_of_memory_observer=lambda f: hooks.setdefault("observer", f))
+        saved = sys.modules.get("torch")
+        sys.modules["torch"] = torch
+        os.environ["TORCHELASTIC_RUN_ID"] = "elastic-42"
+        os.environ["RANK"] = "3"
+        try:
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                self.assertEqual(fragscope.capture(URL, max_entries=1234), ("elastic-42", 3))
+                self.assertEqual(hooks["record"]["max_entries"], 1234)
+                hooks["observer"](0, 1 << 30, 2 << 30, 0)
+                torch.cuda.memory._snapshot = lambda: 1 / 0
+                hooks["observer"](0, 1, 1, 0)  # must not raise
+        finally:
+            del os.environ["TORCHELASTIC_RUN_ID"], os.environ["RANK"]
+            if saved is None:
+                del sys.modules["torch"]
+            else:
+                sys.modules["torch"] = saved
+        text = err.getvalue()
+        self.assertIn("could not capture", text)
+        run_url = re.search(r"\(run: (\S+)\)", text).group(1)
+        view = fragscope.Client(URL).run(run_url.rsplit("/", 1)[1]).view()
+        self.assertEqual(view["name"], "elastic-42")
+        self.assertEqual([r["rank"] for r in view["ranks"]], [3])
+
+
+class Defaults(unittest.TestCase):
+    def test_run_and_rank_come_from_the_launcher(self):
+        keep = {k: os.environ.pop(k) for k in list(os.environ) if k in fragscope.upload.__globals__["RUN_VARIABLES"]
+                or k in fragscope.upload.__globals__["RANK_VARIABLES"]}
+        try:
+            self.assertIsNone(fragscope.default_run())
+            os.environ["SLURM_JOB_ID"] = "991"
+            os.environ["SLURM_PROCID"] = "7"
+            self.assertEqual((fragscope.default_run(), fragscope.default_rank()), ("991", 7))
+            os.environ["TORCHELASTIC_RUN_ID"] = "te"
+            self.assertEqual(fragscope.default_run(), "te")
+        finally:
+            for k in ("SLURM_JOB_ID", "SLURM_PROCID", "TORCHELASTIC_RUN_ID"):
+                os.environ.pop(k, None)
+            os.environ.update(keep)
+
+
+if __name__ == "__main__":
+    unittest.main()
