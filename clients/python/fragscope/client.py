@@ -152,6 +152,18 @@ class Snapshot:
         ]
         return _frame({k: [r[k] for r in rows] for k in ("call_site", "category", "bytes", "blocks")})
 
+    def pinners(self, device=None, event=None, frame=False):
+        """Who pins free memory right after `event` (default: the end), most pinned bytes first.
+        With `frame=True`, a DataFrame (`call_site`, `blocks`, `live_bytes`, `pinned_free_bytes`)."""
+        device = self._device(device)
+        params = {"event": event} if event is not None else None
+        p = self.client._get(f"/api/v1/snapshots/{self.id}/devices/{device}/pinners", params)
+        if not frame:
+            return p
+        site = lambda c: f"{c['filename']}:{c['line']} ({c['name']})" if c else None  # noqa: E731
+        cols = ("call_site", "blocks", "live_bytes", "pinned_free_bytes")
+        return _frame({k: [site(x["call_site"]) if k == "call_site" else x[k] for x in p["pinners"]] for k in cols})
+
     def download(self, path):
         """Writes the original upload to `path`."""
         data = self.client._get(f"/api/v1/snapshots/{self.id}/blob", raw=True)
