@@ -77,8 +77,11 @@ pub struct DeviceAnalysis {
     pub trace: TraceSummary,
     /// The peaks over the trace.
     pub peak: Peak,
-    /// Every OOM, with its verdict.
+    /// The OOMs, with their verdicts: the first `oom::MAX_OOMS` of them.
     pub ooms: Vec<Oom>,
+    /// How many OOMs the trace holds (more than `ooms` lists when past `oom::MAX_OOMS`).
+    #[serde(default)]
+    pub oom_count: u64,
     /// Pinned free memory at the end.
     pub pinned: PinnedSummary,
     /// Who pins it at the end, most first.
@@ -210,7 +213,7 @@ fn analyze_device(
     let mut pass = Pass {
         timeline: Timeline::new(if serve { events.len() } else { 0 }),
         series: serve,
-        ooms: OomObserver { snapshot, ooms: Vec::new(), first_state: None },
+        ooms: OomObserver { snapshot, ooms: Vec::new(), count: 0, first_state: None },
         phases: memory::phases(snapshot, d),
         steps: breakdown::StepPeaks::default(),
         capture: None,
@@ -278,6 +281,7 @@ fn analyze_device(
         trace: trace_summary(snapshot, d, replay.complete),
         peak,
         ooms: pass.ooms.ooms,
+        oom_count: pass.ooms.count,
         pinned: pinned.summary.clone(),
         pinners: pinned.pinners.iter().take(20).cloned().collect(),
         gaps: pinned.gaps.iter().take(20).cloned().collect(),

@@ -50,10 +50,16 @@ pub fn verdict(requested: u64, reserved: u64, allocated: u64) -> Verdict {
     if reserved.saturating_sub(allocated) >= requested { Verdict::Fragmentation } else { Verdict::Capacity }
 }
 
-/// Records an [`Oom`] at every `oom` event of the forward pass.
+/// The OOMs recorded in full; later ones are only counted. Each costs a pass over every block
+/// (who pins what), so a trace of 20,000 OOMs over 10,000 blocks must not cost 200 million.
+pub const MAX_OOMS: usize = 64;
+
+/// Records an [`Oom`] at every `oom` event of the forward pass (the first [`MAX_OOMS`]).
 pub struct OomObserver<'a> {
     pub snapshot: &'a Snapshot,
     pub ooms: Vec<Oom>,
+    /// Every `oom` event, the ones past [`MAX_OOMS`] included.
+    pub count: u64,
     /// The state at the first OOM, where the job died.
     pub first_state: Option<State>,
 }
@@ -61,6 +67,10 @@ pub struct OomObserver<'a> {
 impl Observer for OomObserver<'_> {
     fn event(&mut self, index: usize, e: &Event, state: &State) {
         if e.action != Action::OOM {
+            return;
+        }
+        self.count += 1;
+        if self.ooms.len() >= MAX_OOMS {
             return;
         }
         let t = state.totals;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::analysis::Analysis;
 use crate::ingest::{self, IngestError};
-use crate::store::{Label, SnapshotRow, Store, StoreError};
+use crate::store::{Label, SnapshotRow, Status, Store, StoreError};
 use loaded::{Entry, Loaded};
 use worker::Worker;
 
@@ -22,6 +22,11 @@ use worker::Worker;
 /// gets its 4xx at once; larger ones are checked by their first bytes, then analysed in the
 /// background.
 pub const CHECK_BEFORE_ANSWER: u64 = 32 << 20;
+
+/// Analyses started this many times without finishing are not started again.
+const MAX_ATTEMPTS: u64 = 2;
+const DIED: &str = "the analysis stopped twice before it finished (the server was stopped, or ran out of memory, \
+    while analysing this file); it is not tried again";
 
 /// Why the service could not do what was asked. The web layer maps these to HTTP once.
 #[derive(Debug, thiserror::Error)]
@@ -73,9 +78,14 @@ impl Service {
     pub async fn start(store: Arc<Store>, workers: usize, loaded: usize, memory: u64) -> Result<Service, StoreError> {
         let cache = Arc::new(Loaded::new(loaded, memory / 4));
         let worker = Worker::start(store.clone(), cache.clone(), workers, memory / 4 * 3);
-        for id in store.meta.unfinished().await? {
-            tracing::info!(id, "analysis interrupted by a stop: running it again");
-            worker.enqueue(&id);
+        for sha in store.meta.unfinished().await? {
+            if store.meta.attempts(&sha).await? >= MAX_ATTEMPTS {
+                tracing::warn!(sha, "analysis died twice: failed, not resumed");
+                store.meta.set_status(&sha, Status::Failed, Some(DIED), None, None).await?;
+                continue;
+            }
+            tracing::info!(sha, "analysis interrupted by a stop: running it again");
+            worker.enqueue(&sha);
         }
         Ok(Service { store, worker, loaded: cache })
     }

@@ -80,7 +80,7 @@ impl Worker {
             let _ = std::io::Read::read(&mut f, &mut head);
         }
         let _memory = self.reserve_memory(ingest::memory_estimate(row.bytes, &head)).await;
-        if let Err(e) = store.meta.set_status(id, Status::Analyzing, None, None, None).await {
+        if let Err(e) = store.meta.start_attempt(id).await {
             tracing::error!(id, error = %e, "cannot mark analyzing");
             return;
         }
@@ -111,6 +111,9 @@ impl Worker {
     }
 }
 
+/// OOMs whose segment maps are stored with the results.
+const STORED_OOM_MAPS: usize = 8;
+
 /// Parses and analyses a blob and writes the results; returns the verdict, the summary and
 /// the parsed snapshot, or the message to show.
 async fn analyze(
@@ -131,7 +134,8 @@ async fn analyze(
         let json = |m: &map::SegmentMap| serde_json::to_vec(m).map_err(|e| e.to_string());
         for (i, d) in entry.snapshot.devices.iter().enumerate() {
             maps.push((d.device, None, json(&entry.segment_map(i, None))?));
-            for oom in &analyzed.analysis.devices[i].ooms {
+            // The first OOMs' maps only: any other event's map is made on demand.
+            for oom in analyzed.analysis.devices[i].ooms.iter().take(STORED_OOM_MAPS) {
                 maps.push((d.device, Some(oom.event_index), json(&entry.segment_map(i, Some(oom.event_index)))?));
             }
         }

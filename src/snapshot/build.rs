@@ -43,7 +43,7 @@ pub fn build(parsed: Parsed, mut sink: SnapshotSink) -> Result<Snapshot, ModelEr
             ));
         }
     };
-    let mut w = Walker { heap: &heap, sink: &mut sink };
+    let mut w = Walker { heap: &heap, sink: &mut sink, seen: Default::default(), segments: 0 };
     let mut by_device: BTreeMap<i64, Vec<Segment>> = BTreeMap::new();
     for (i, seg) in w.list(segments.unwrap_or(Value::None), "segments")?.into_iter().enumerate() {
         let (device, segment) = w.segment(seg, i)?;
@@ -127,9 +127,41 @@ fn split_devices(
     (devices, events, extras)
 }
 
+/// The most segments a snapshot may hold: 256 GiB in the smallest (2 MiB) segments.
+pub(crate) const MAX_SEGMENTS: usize = 1 << 17;
+/// The smallest block the allocator makes, which bounds the blocks a segment can hold.
+const MIN_BLOCK: u64 = 512;
+
 struct Walker<'a> {
     heap: &'a Heap,
     sink: &'a mut SnapshotSink,
+    /// Segment and block dicts already read. torch writes each as its own dict; a pickle that
+    /// lists one shared object many times (legal, through the memo) would expand a few bytes
+    /// into gigabytes of model, so a repeat is refused, not expanded.
+    seen: foldhash::HashSet<u32>,
+    segments: usize,
+}
+
+/// Marks folded entry `f` as listed; false if it was already.
+fn take(taken: &mut [u64], f: u32) -> bool {
+    let (word, bit) = (f as usize / 64, 1u64 << (f % 64));
+    match taken.get_mut(word) {
+        Some(w) if *w & bit != 0 => false,
+        Some(w) => {
+            *w |= bit;
+            true
+        }
+        None => true,
+    }
+}
+
+/// A shared object where the format has a distinct one: refused before it expands.
+fn repeated(path: String, what: &str) -> ModelError {
+    ModelError::new(
+        path,
+        format!("a {what} of its own (torch writes each {what} once)"),
+        format!("the same {what} object as an earlier one: shared objects are not expanded"),
+    )
 }
 
 impl Walker<'_> {
@@ -159,6 +191,11 @@ impl Walker<'_> {
             Value::Int(n) => Ok(Some(n)),
             Value::Bool(b) => Ok(Some(b as i64)),
             Value::None => Ok(None),
+            Value::UInt(n) => Err(ModelError::new(
+                format!("{}.{name}", path()),
+                "an int below 2^63",
+                format!("{n}, past what any allocator hands out"),
+            )),
             other => Err(ModelError::new(format!("{}.{name}", path()), "int", found(self.heap, other))),
         }
     }
@@ -185,6 +222,17 @@ impl Walker<'_> {
     fn segment(&mut self, v: Value, i: usize) -> Result<(i64, Segment), ModelError> {
         let path = || format!("segments[{i}]");
         let d = self.dict(v, &path)?;
+        if !self.seen.insert(d) {
+            return Err(repeated(path(), "segment"));
+        }
+        self.segments += 1;
+        if self.segments > MAX_SEGMENTS {
+            return Err(ModelError::new(
+                path(),
+                format!("at most {MAX_SEGMENTS} segments (256 GiB in the smallest, 2 MiB segments)"),
+                "more segments than any GPU holds",
+            ));
+        }
         let address = self.size(d, "address", &path)?;
         let address = self.required(address, "address", &path)?;
         let total_size = self.size(d, "total_size", &path)?;
@@ -230,6 +278,13 @@ impl Walker<'_> {
         let mut blocks = Vec::new();
         let mut next = address;
         let block_values = self.list(self.field(d, "blocks"), &format!("{}.blocks", path()))?;
+        if block_values.len() as u64 > total_size / MIN_BLOCK + 1 {
+            return Err(ModelError::new(
+                format!("{}.blocks", path()),
+                format!("at most {} blocks (one per {MIN_BLOCK} bytes of its {total_size})", total_size / MIN_BLOCK + 1),
+                format!("{} blocks", block_values.len()),
+            ));
+        }
         for (j, b) in block_values.into_iter().enumerate() {
             let block = self.block(b, &|| format!("segments[{i}].blocks[{j}]"), next)?;
             next = block.address.saturating_add(block.size);
@@ -240,6 +295,9 @@ impl Walker<'_> {
 
     fn block(&mut self, v: Value, path: &dyn Fn() -> String, next: u64) -> Result<Block, ModelError> {
         let d = self.dict(v, path)?;
+        if !self.seen.insert(d) {
+            return Err(repeated(path(), "block"));
+        }
         let size = self.size(d, "size", path)?;
         let size = self.required(size, "size", path)?;
         let state = match self.text(d, "state", path)? {
@@ -267,22 +325,40 @@ impl Walker<'_> {
     /// Each device's trace as indexes of folded events.
     fn traces(&self, v: Value) -> Result<Vec<Vec<u32>>, ModelError> {
         let mut out = Vec::new();
+        // Which folded entries a trace has listed: each may be listed once, on one device.
+        let mut taken = vec![0u64; self.sink.events.len().div_ceil(64)];
         for (d, trace) in self.list(v, "device_traces")?.into_iter().enumerate() {
             let path = format!("device_traces[{d}]");
             if let Value::Node(id) = trace
                 && let (Kind::List, Some(run)) =
                     (self.heap.kind(id), self.heap.folded_run(id).filter(|r| r.end <= STACK_TAG))
                 {
-                    out.push(run.collect());
+                    let run: Vec<u32> = run.collect();
+                    if let Some(j) = run.iter().position(|&f| !take(&mut taken, f)) {
+                        return Err(repeated(format!("{path}[{j}]"), "trace entry"));
+                    }
+                    out.push(run);
                     continue;
                 }
             let mut events = Vec::new();
             for (j, e) in self.list(trace, &path)?.into_iter().enumerate() {
                 match e {
-                    Value::Folded(f) if f & STACK_TAG == 0 => events.push(f),
+                    Value::Folded(f) if f & STACK_TAG == 0 => {
+                        if !take(&mut taken, f) {
+                            return Err(repeated(format!("{path}[{j}]"), "trace entry"));
+                        }
+                        events.push(f)
+                    }
                     other => {
-                        let expected = "a trace entry (a dict with 'action')";
-                        return Err(ModelError::new(format!("{path}[{j}]"), expected, found(self.heap, other)));
+                        let expected = "a trace entry (a dict of a few keys, 'action' among them)";
+                        let what = match other {
+                            // A dict the sink did not fold: too many keys, or none it reads.
+                            Value::Node(id) if self.heap.kind(id) == Kind::Dict => {
+                                format!("a dict of {} keys that is none", self.heap.pairs(id).count())
+                            }
+                            other => found(self.heap, other),
+                        };
+                        return Err(ModelError::new(format!("{path}[{j}]"), expected, what));
                     }
                 }
             }

@@ -38,7 +38,10 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE snapshots (
         key TEXT NOT NULL,
         created_at INTEGER NOT NULL
     );
-    CREATE UNIQUE INDEX runs_key ON runs(key);"];
+    CREATE UNIQUE INDEX runs_key ON runs(key);",
+    // How many times an analysis of these bytes was started: one that died twice (a stop, or
+    // the kernel killing the server for memory) is failed, not resumed into a crash loop.
+    "ALTER TABLE snapshots ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -258,6 +261,27 @@ impl Meta {
             sqlx::query_scalar("SELECT COUNT(*) FROM snapshots WHERE sha256 = ?").bind(&sha).fetch_one(&mut *tx).await?;
         tx.commit().await?;
         Ok(Some((sha, left as u64)))
+    }
+
+    /// Marks the analysis of some bytes started; returns how many times it has been.
+    pub async fn start_attempt(&self, sha256: &str) -> Result<u64, StoreError> {
+        let n: Option<i64> = sqlx::query_scalar(
+            "UPDATE snapshots SET status = 'analyzing', error = NULL, attempts = attempts + 1
+             WHERE sha256 = ? RETURNING attempts",
+        )
+        .bind(sha256)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(n.unwrap_or(0) as u64)
+    }
+
+    /// How many times the analysis of some bytes was started.
+    pub async fn attempts(&self, sha256: &str) -> Result<u64, StoreError> {
+        let n: Option<i64> = sqlx::query_scalar("SELECT MAX(attempts) FROM snapshots WHERE sha256 = ?")
+            .bind(sha256)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n.unwrap_or(0) as u64)
     }
 
     /// Bytes whose analysis had not finished (the server stopped): to run again.

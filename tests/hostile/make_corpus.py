@@ -74,3 +74,38 @@ body = b"\x80\x04N."
 frame = b"\x28\xb5\x2f\xfd" + bytes([0xE0]) + struct.pack("<Q", 100 * 10**9)
 frame += struct.pack("<I", (len(body) << 3) | 1)[:3] + body
 write("zstd_claims_100gb.pickle.zst", frame)
+
+# Expansion: small files whose shared (memo) objects would expand to gigabytes of model.
+# One segment listed 100,000 times, its one block listed 4,000 times in it (about 500 KB).
+block = {"address": 1 << 40, "size": 512, "requested_size": 512, "state": "inactive", "frames": []}
+segment = {"device": 0, "address": 1 << 40, "total_size": 2 << 20, "stream": 0, "segment_type": "small",
+           "blocks": [block] * 4000}
+write("shared_segments.pickle", pickle.dumps({"segments": [segment] * 100_000, "device_traces": [[]]}, protocol=4))
+# One trace entry listed 200,000 times.
+entry = {"action": "alloc", "addr": 1 << 40, "size": 512, "stream": 0, "time_us": 1, "frames": []}
+write("shared_trace.pickle", pickle.dumps({"segments": [], "device_traces": [[entry] * 200_000]}, protocol=4))
+# More segments than any GPU holds: 140,000 distinct 2 MiB segments (gzip keeps the file small).
+many = [{"device": 0, "address": (1 << 40) + i * (2 << 20), "total_size": 2 << 20, "stream": 0,
+         "segment_type": "small", "blocks": [{"size": 2 << 20, "state": "inactive"}]} for i in range(140_000)]
+with gzip.GzipFile(os.path.join(here, "many_segments.pickle.gz"), "wb", compresslevel=9, mtime=0) as g:
+    g.write(pickle.dumps({"segments": many, "device_traces": [[]]}, protocol=4))
+# More blocks than a segment has room for: 5,000 distinct blocks in 2 MiB.
+crowded = {"device": 0, "address": 1 << 40, "total_size": 2 << 20, "stream": 0, "segment_type": "small",
+           "blocks": [{"size": 512, "state": "inactive", "address": (1 << 40) + 512 * i} for i in range(5000)]}
+write("crowded_segment.pickle", pickle.dumps({"segments": [crowded], "device_traces": [[]]}, protocol=4))
+# A size of 2**63: past what an allocator can hand out.
+write("huge_total_size.pickle", pickle.dumps({"segments": [{"address": 1 << 40, "total_size": 1 << 63, "blocks": []}]}, protocol=4))
+# A trace entry with 5,000 keys.
+wide = {"action": "alloc", "addr": 1, "size": 512, "stream": 0}
+wide.update({f"k{i}": i for i in range(5000)})
+write("trace_many_keys.pickle", pickle.dumps({"segments": [], "device_traces": [[wide]]}, protocol=4))
+# 20,000 OOMs over a segment of 10,000 blocks (alternately live and free): a valid snapshot whose
+# per-OOM work must be capped (the first OOMs in full, the rest counted).
+base = 1 << 40
+blocks = [{"address": base + i * 4096, "size": 4096, "requested_size": 4096,
+           "state": "active_allocated" if i % 2 else "inactive", "frames": []} for i in range(10_000)]
+storm = {"segments": [{"device": 0, "address": base, "total_size": 10_000 * 4096, "stream": 0,
+                       "segment_type": "large", "blocks": blocks}],
+         "device_traces": [[{"action": "oom", "addr": 0, "size": 64 << 20, "stream": 0, "time_us": i, "frames": []}
+                            for i in range(20_000)]]}
+write("oom_storm.pickle", pickle.dumps(storm, protocol=4))

@@ -51,6 +51,22 @@ fn files_in(dir: &std::path::Path) -> Vec<String> {
     out
 }
 
+/// Uploads a snapshot big enough (about 90 MB) to be caught while it is analysed; its id.
+fn upload_big(server: &TestServer) -> String {
+    let r =
+        TestServer::client().post(server.url("/api/v1/snapshots")).body(synthetic_snapshot(900_000)).send().unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    r.json::<Value>().unwrap()["id"].as_str().unwrap().to_string()
+}
+
+fn wait_analyzing(server: &TestServer, id: &str) {
+    let start = Instant::now();
+    while server.get_json(&format!("/api/v1/snapshots/{id}"))["status"] != "analyzing" {
+        assert!(start.elapsed() < Duration::from_secs(30), "never analysing");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Every blob and results directory (both by sha256) belongs to a snapshot the server lists.
 fn assert_no_orphans(server: &TestServer) {
     let rows: Vec<Value> = serde_json::from_value(server.get_json("/api/v1/snapshots?limit=500")).unwrap();
@@ -94,15 +110,8 @@ fn a_kill_in_the_middle_of_an_upload_leaves_nothing_half_written() {
 #[test]
 fn a_kill_in_the_middle_of_an_analysis_runs_it_again() {
     let mut server = TestServer::start(&["--analysis-workers", "1"]);
-    let r =
-        TestServer::client().post(server.url("/api/v1/snapshots")).body(synthetic_snapshot(900_000)).send().unwrap();
-    assert_eq!(r.status().as_u16(), 202);
-    let id = r.json::<Value>().unwrap()["id"].as_str().unwrap().to_string();
-    let start = Instant::now();
-    while server.get_json(&format!("/api/v1/snapshots/{id}"))["status"] != "analyzing" {
-        assert!(start.elapsed() < Duration::from_secs(30), "never analysing");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let id = upload_big(&server);
+    wait_analyzing(&server, &id);
     server.kill();
     let data = server.data.clone();
     let again = TestServer::start_in(&data, &[]);
@@ -113,6 +122,28 @@ fn a_kill_in_the_middle_of_an_analysis_runs_it_again() {
         1 + 3 * 900_000
     );
     assert_no_orphans(&again);
+}
+
+/// A server killed twice while analysing the same file (as the kernel's OOM killer would) does
+/// not try a third time: the snapshot is failed with a message, and the server keeps serving.
+#[test]
+fn an_analysis_that_dies_twice_is_failed_not_resumed_into_a_crash_loop() {
+    let mut server = TestServer::start(&["--analysis-workers", "1"]);
+    let id = upload_big(&server);
+    let mut killed = Vec::new();
+    for _ in 0..2 {
+        wait_analyzing(&server, &id);
+        server.kill();
+        let data = server.data.clone();
+        // The killed server keeps the temp data folder alive.
+        let next = TestServer::start_in(&data, &["--analysis-workers", "1"]);
+        killed.push(std::mem::replace(&mut server, next));
+    }
+    let s = server.wait_done(&id);
+    assert_eq!(s["status"], "failed", "{s}");
+    assert!(s["error"].as_str().unwrap().contains("stopped twice"), "{s}");
+    let other = server.upload(&snapshot_path("seed_frag_default"))["id"].as_str().unwrap().to_string();
+    assert_eq!(server.wait_done(&other)["status"], "ready");
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::util::*;
 
 /// File, and words its error message must contain.
-const CASES: [(&str, &[&str]); 16] = [
+const CASES: [(&str, &[&str]); 22] = [
     ("global_reduce.pickle", &["GLOBAL", "byte"]),
     ("stack_global.pickle", &["STACK_GLOBAL", "byte"]),
     ("huge_length.pickle", &["string length", "limit", "byte 2"]),
@@ -24,7 +24,31 @@ const CASES: [(&str, &[&str]); 16] = [
     ("truncated.pickle", &["byte"]),
     ("deep_nesting.pickle", &["limit of 64"]),
     ("zstd_claims_100gb.pickle.zst", &["zstd"]),
+    ("shared_segments.pickle", &["segments[0].blocks[1]", "same block object", "not expanded"]),
+    ("shared_trace.pickle", &["device_traces[0][1]", "same trace entry object"]),
+    ("many_segments.pickle.gz", &["at most 131072 segments", "segments[131072]"]),
+    ("crowded_segment.pickle", &["segments[0].blocks", "at most 4097 blocks", "5000 blocks"]),
+    ("huge_total_size.pickle", &["segments[0].total_size", "below 2^63", "9223372036854775808"]),
+    ("trace_many_keys.pickle", &["device_traces[0][0]", "5004 keys"]),
 ];
+
+/// A valid snapshot of 20,000 OOMs over 10,000 blocks: analysed within the cap (1 GiB of
+/// address space, 60 s), the first OOMs in full and all of them counted.
+#[test]
+fn an_oom_storm_is_analysed_with_its_per_oom_work_capped() {
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg("ulimit -v 1048576; exec \"$0\" analyze --json \"$1\"")
+        .arg(bin())
+        .arg(hostile().join("oom_storm.pickle"));
+    let out = run_bounded(cmd, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let a: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let d = &a["devices"][0];
+    // make_corpus.py writes 20,000 oom events.
+    assert_eq!(d["oom_count"], 20_000);
+    assert_eq!(d["ooms"].as_array().unwrap().len(), 64);
+}
 
 /// Runs the CLI on a file under a 1 GiB address-space cap; returns (exit code, stderr).
 fn analyze_capped(path: &std::path::Path) -> (Option<i32>, String) {

@@ -59,19 +59,31 @@ pub fn bin() -> &'static str {
 }
 
 /// Runs a command to its end, or kills it after `limit` and says so: a hang guard, not a timing.
+/// Its output is drained while it runs (a full pipe would stall it).
 pub fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
+    use std::io::Read;
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
     let start = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
         }
         if start.elapsed() > limit {
             child.kill().ok();
             panic!("{cmd:?} still running after {limit:?}: a hang");
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
+    };
+    Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
 }
 
 /// `fragscope analyze --json FILE`, parsed.
