@@ -249,3 +249,26 @@ fn ids_are_random_and_wrong_ids_and_paths_reach_nothing() {
         "{csp}"
     );
 }
+
+/// One sniffing rule for the server and the command line: JSON after more whitespace than the
+/// server's 64-byte head, and gzip with trailing garbage (which gzip(1) reads), are read by both.
+#[test]
+fn the_server_and_the_cli_read_the_same_odd_but_valid_files() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let spaced = dir.path().join("spaced.json");
+    std::fs::write(&spaced, format!("{}{}", " ".repeat(100), r#"{"segments": [], "device_traces": [[]]}"#)).unwrap();
+    let trailing = dir.path().join("trailing.pickle.gz");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&std::fs::read(snapshot_path("seed_frag_default")).unwrap()).unwrap();
+    let mut bytes = gz.finish().unwrap();
+    bytes.extend_from_slice(b"trailing garbage\n");
+    std::fs::write(&trailing, bytes).unwrap();
+    let server = TestServer::start(&[]);
+    for file in [&spaced, &trailing] {
+        let out = std::process::Command::new(bin()).arg("analyze").arg(file).output().unwrap();
+        assert!(out.status.success(), "{}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
+        let id = server.upload(file)["id"].as_str().unwrap().to_string();
+        assert_eq!(server.wait_done(&id)["status"], "ready", "{}", file.display());
+    }
+}

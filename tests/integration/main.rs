@@ -6,6 +6,7 @@ mod categories;
 mod diagnosis;
 mod external;
 mod first_hour;
+mod forms;
 mod hardening;
 mod hostile;
 mod js;

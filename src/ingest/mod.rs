@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
+mod gzip;
+
 use crate::reader::{self, Failure, Limits, ReadError};
 use crate::snapshot::{self, ModelError, Snapshot, SnapshotSink, Source};
 
@@ -280,10 +282,14 @@ pub fn extension(head: &[u8]) -> &'static str {
 /// Opcodes a pickle of protocol 0 or 1 can start with (2 and up start with PROTO, 0x80).
 const OLD_PICKLE_STARTS: &[u8] = b"(]})NIJKLMFGSTUVXdlt";
 
+/// What a file is, by its first bytes: one rule for the server (which sees the first 64 bytes
+/// of an upload) and the command line.
 fn sniff(head: &[u8]) -> Result<Format, IngestError> {
     let first_text = head.iter().find(|b| !b.is_ascii_whitespace());
     Ok(match head {
         [] => return Err(IngestError::Empty),
+        // Only whitespace so far: JSON may start later (the reader decides, and names the byte).
+        _ if first_text.is_none() => Format::Json,
         [0x1f, 0x8b, ..] => Format::Gzip,
         [0x28, 0xb5, 0x2f, 0xfd, ..] => Format::Zstd,
         [0xfd, b'7', b'z', b'X', b'Z', ..] => {
@@ -333,7 +339,7 @@ fn decode_any(raw: &mut Prefetch, options: &Options) -> Result<Decoded, IngestEr
                 let count = SharedCount(std::cell::Cell::new(0));
                 let counted = Counted { inner: &mut outer, count: &count };
                 let (name, decoder): (&'static str, Box<dyn Read + '_>) = if format == Format::Gzip {
-                    ("gzip", Box::new(flate2::read::MultiGzDecoder::new(counted)))
+                    ("gzip", Box::new(gzip::GzipMembers::new(BufReader::new(counted))))
                 } else {
                     let d = zstd::stream::read::Decoder::new(counted).map_err(IngestError::Io)?;
                     ("zstd", Box::new(d))
