@@ -37,6 +37,11 @@ pub struct Config {
     /// Seconds an upload may go without sending anything before it is cut off (408).
     #[arg(long = "request-timeout", env = "FRAGSCOPE_REQUEST_TIMEOUT", default_value_t = 30)]
     pub request_timeout_secs: u64,
+    /// Connections served at once; more wait in the kernel's queue. A connection that sends
+    /// no complete request head for 10 s (or --request-timeout, if lower), idle between
+    /// requests included, is closed.
+    #[arg(long, env = "FRAGSCOPE_MAX_CONNECTIONS", default_value_t = 512)]
+    pub max_connections: usize,
 }
 
 impl Config {
@@ -50,6 +55,7 @@ impl Config {
             retain_days: None,
             analysis_workers: 2,
             loaded_snapshots: 4,
+            max_connections: 512,
             request_timeout_secs: 30,
             analysis_memory: None,
         }

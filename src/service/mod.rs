@@ -73,11 +73,13 @@ pub struct Service {
 }
 
 impl Service {
-    /// Starts the queue over `store`: three quarters of `memory` for analyses at work, a quarter
-    /// for parsed snapshots kept for queries. Analyses a stop interrupted are queued again.
+    /// Starts the queue over `store`: three quarters of `memory` for analyses at work (less what
+    /// two checks of small uploads may take), a quarter for parsed snapshots kept for queries. Analyses a stop interrupted are queued again.
     pub async fn start(store: Arc<Store>, workers: usize, loaded: usize, memory: u64) -> Result<Service, StoreError> {
         let cache = Arc::new(Loaded::new(loaded, memory / 4));
-        let worker = Worker::start(store.clone(), cache.clone(), workers, memory / 4 * 3);
+        // The two checks of small uploads (see `check`) are carved out of the analyses' share.
+        let checks = (2 * ingest::memory_estimate(CHECK_BEFORE_ANSWER, b"")).min(memory / 4);
+        let worker = Worker::start(store.clone(), cache.clone(), workers, memory / 4 * 3 - checks);
         for sha in store.meta.unfinished().await? {
             if store.meta.attempts(&sha).await? >= MAX_ATTEMPTS {
                 tracing::warn!(sha, "analysis died twice: failed, not resumed");
@@ -116,8 +118,9 @@ impl Service {
         }
         ingest::check_head(&up.head)?;
         if up.bytes <= CHECK_BEFORE_ANSWER {
-            let _slot = self.worker.slots.acquire().await.map_err(|e| ServiceError::Internal(e.to_string()))?;
-            let _memory = self.worker.reserve_memory(ingest::memory_estimate(up.bytes, &up.head)).await;
+            // Two checks at most, on slots and memory of their own (carved out of the budget in
+            // `start`), so an upload never waits behind analyses.
+            let _slot = self.worker.checks.acquire().await.map_err(|e| ServiceError::Internal(e.to_string()))?;
             let temp = up.temp.clone();
             tokio::task::spawn_blocking(move || ingest::ingest_path(&temp, &ingest::Options::default()).map(|_| ()))
                 .await

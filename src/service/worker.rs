@@ -21,8 +21,13 @@ use crate::store::{Status, Store, Written};
 pub struct Worker {
     queue: mpsc::UnboundedSender<String>,
     progress: Arc<Mutex<HashMap<String, Arc<AtomicU64>>>>,
-    /// One permit per analysis (or upload check) allowed to run at once.
+    /// One permit per analysis allowed to run at once.
     pub slots: Arc<tokio::sync::Semaphore>,
+    /// Checks of small uploads before the answer have their own two slots, so an upload never
+    /// waits behind background analyses; see `Service::check`.
+    pub checks: Arc<tokio::sync::Semaphore>,
+    /// Simulations anyone holding a link may start: at most two at once, the rest told to retry.
+    pub simulations: Arc<tokio::sync::Semaphore>,
     /// The memory budget for analyses, in MiB permits.
     memory: Arc<tokio::sync::Semaphore>,
     memory_mib: u32,
@@ -36,7 +41,15 @@ impl Worker {
         let slots = Arc::new(tokio::sync::Semaphore::new(workers.max(1)));
         let memory_mib = (memory >> 20).clamp(64, u32::MAX as u64 >> 4) as u32;
         let memory = Arc::new(tokio::sync::Semaphore::new(memory_mib as usize));
-        let worker = Worker { queue, progress: Arc::new(Mutex::new(HashMap::new())), slots, memory, memory_mib };
+        let worker = Worker {
+            queue,
+            progress: Arc::new(Mutex::new(HashMap::new())),
+            slots,
+            checks: Arc::new(tokio::sync::Semaphore::new(2)),
+            simulations: Arc::new(tokio::sync::Semaphore::new(2)),
+            memory,
+            memory_mib,
+        };
         for _ in 0..workers.max(1) {
             let (rx, store, loaded, w) = (rx.clone(), store.clone(), loaded.clone(), worker.clone());
             tokio::spawn(async move {

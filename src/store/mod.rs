@@ -33,6 +33,23 @@ pub enum StoreError {
     Task(#[from] tokio::task::JoinError),
 }
 
+impl StoreError {
+    /// The disk (or the quota) is full: a condition to report (507), not a bug.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            StoreError::Io(e) => io_disk_full(e),
+            StoreError::Db(sqlx::Error::Database(d)) => d.message().contains("disk is full"),
+            StoreError::Db(sqlx::Error::Io(e)) => io_disk_full(e),
+            _ => false,
+        }
+    }
+}
+
+/// ENOSPC or EDQUOT.
+pub fn io_disk_full(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::StorageFull || e.kind() == std::io::ErrorKind::QuotaExceeded
+}
+
 /// A new random id: 128 bits from the OS as 32 hex digits, unguessable, not derived from the
 /// content (knowing a file must not reveal its link).
 pub fn random_id() -> String {

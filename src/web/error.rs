@@ -24,6 +24,10 @@ pub(crate) enum ApiError {
     /// The analysis has not finished (or failed): says which.
     NotReady(String),
     Failed(String),
+    /// The server's disk is full: writes wait, reads still work.
+    DiskFull,
+    /// Too many of something heavy at once (simulations): try again shortly.
+    Busy(String),
     Internal(String),
 }
 
@@ -46,6 +50,13 @@ impl ApiError {
             ApiError::NotASnapshot(d) => (StatusCode::UNPROCESSABLE_ENTITY, "not_a_snapshot", d.clone()),
             ApiError::NotReady(d) => (StatusCode::CONFLICT, "not_ready", d.clone()),
             ApiError::Failed(d) => (StatusCode::UNPROCESSABLE_ENTITY, "analysis_failed", d.clone()),
+            ApiError::DiskFull => (
+                StatusCode::INSUFFICIENT_STORAGE,
+                "disk_full",
+                "the server's disk is full: nothing can be stored until space is freed (existing links still work)"
+                    .into(),
+            ),
+            ApiError::Busy(d) => (StatusCode::SERVICE_UNAVAILABLE, "busy", d.clone()),
             ApiError::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
@@ -75,6 +86,10 @@ impl IntoResponse for ApiError {
 
 impl From<crate::store::StoreError> for ApiError {
     fn from(e: crate::store::StoreError) -> Self {
+        if e.is_disk_full() {
+            tracing::error!(error = %e, "the disk is full");
+            return ApiError::DiskFull;
+        }
         let mut msg = e.to_string();
         let mut source = std::error::Error::source(&e);
         while let Some(s) = source {
@@ -110,5 +125,18 @@ impl From<IngestError> for ApiError {
             IngestError::Model { .. } => ApiError::NotASnapshot(msg),
             IngestError::Io(_) => ApiError::Internal(msg),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_507_and_other_store_failures_500() {
+        let full = crate::store::StoreError::Io(std::io::Error::from(std::io::ErrorKind::StorageFull));
+        assert_eq!(ApiError::from(full).status(), StatusCode::INSUFFICIENT_STORAGE);
+        let other = crate::store::StoreError::Io(std::io::Error::from(std::io::ErrorKind::PermissionDenied));
+        assert_eq!(ApiError::from(other).status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 }

@@ -8,6 +8,7 @@ pub(crate) mod error;
 pub(crate) mod extract;
 mod fills;
 mod jobs;
+mod listen;
 mod pages;
 #[cfg(test)]
 mod testing;
@@ -122,7 +123,7 @@ pub(crate) async fn state(config: Config) -> Result<AppState, Box<dyn std::error
 }
 
 /// Opens the store, restarts unfinished analyses, and serves until Ctrl-C or SIGTERM; then
-/// waits at most 10 s for open connections.
+/// waits at most 10 s for open connections (see `listen`).
 pub(crate) async fn serve(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let state = state(config).await?;
     let store = state.service.store.clone();
@@ -147,19 +148,9 @@ pub(crate) async fn serve(config: Config) -> Result<(), Box<dyn std::error::Erro
     } else {
         println!("fragscope listening on http://{addr}");
     }
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let stopping = stop.clone();
-    let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
-        shutdown_signal().await;
-        tracing::info!("stopping: finishing open requests");
-        stopping.notify_one();
-    });
-    tokio::select! {
-        r = server => r?,
-        _ = async { stop.notified().await; tokio::time::sleep(Duration::from_secs(10)).await } => {
-            tracing::warn!("connections still open after 10 s: closing them");
-        }
-    }
+    let header_timeout = listen::HEADER_TIMEOUT.min(Duration::from_secs(state.config.request_timeout_secs.max(1)));
+    let max_connections = state.config.max_connections;
+    listen::serve(listener, router(state), max_connections, header_timeout, shutdown_signal()).await;
     store.meta.close().await;
     Ok(())
 }

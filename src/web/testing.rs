@@ -9,9 +9,15 @@ use tower::ServiceExt;
 
 /// The application on a fresh temp directory (kept alive with the router).
 pub(crate) async fn app() -> (Router, tempfile::TempDir) {
+    let (app, _, dir) = app_and_state().await;
+    (app, dir)
+}
+
+/// The application and its state, for tests that hold the service's resources.
+pub(crate) async fn app_and_state() -> (Router, super::AppState, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let state = super::state(crate::config::Config::for_tests(dir.path().to_path_buf())).await.unwrap();
-    (super::router(state), dir)
+    (super::router(state.clone()), state, dir)
 }
 
 /// Sends one request; the status and the body as text.
@@ -45,7 +51,7 @@ async fn unknown_routes_and_bad_ids_answer_in_our_error_format() {
 #[tokio::test]
 async fn a_small_upload_is_checked_in_the_request_and_analysed_in_the_background() {
     use crate::testkit::{MIB, SnapshotBuilder, USER};
-    let (app, _dir) = app().await;
+    let (app, state, _dir) = app_and_state().await;
     let (status, body) = post(&app, "/api/v1/snapshots", b"not a pickle at all".to_vec()).await;
     assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{body}");
     let bytes = SnapshotBuilder::new()
@@ -67,6 +73,15 @@ async fn a_small_upload_is_checked_in_the_request_and_analysed_in_the_background
             // The document the API serves reads back as the typed contract.
             let a: crate::analysis::Analysis = serde_json::from_str(&a).unwrap();
             assert_eq!(a.devices[0].final_state.allocated_bytes, 4 * MIB);
+            // Two simulations at once, and a third is told to come back rather than queued.
+            let sims = &state.service.worker.simulations;
+            let held = (sims.try_acquire().unwrap(), sims.try_acquire().unwrap());
+            let (status, body) = get(&app, &format!("/api/v1/snapshots/{id}/devices/0/simulate?conf=")).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+            assert!(body.contains(r#""error":"busy""#), "{body}");
+            drop(held);
+            let (status, body) = get(&app, &format!("/api/v1/snapshots/{id}/devices/0/simulate?conf=")).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;

@@ -47,6 +47,11 @@ fn field_limit(name: &str) -> usize {
 /// Fields the server does not read are skipped, up to this size each.
 const OTHER_FIELD: usize = 16 << 10;
 
+/// A failed write of the temp file: 507 when the disk is full.
+fn temp_error(e: std::io::Error) -> ApiError {
+    if crate::store::io_disk_full(&e) { ApiError::DiskFull } else { ApiError::Internal(format!("temp file: {e}")) }
+}
+
 /// Slowest average an upload may keep after its grace period (`--request-timeout`).
 const MIN_BYTES_PER_SEC: u64 = 64 << 10;
 
@@ -96,11 +101,11 @@ impl Spool {
             self.head.extend_from_slice(&chunk[..chunk.len().min(64 - self.head.len())]);
         }
         self.hasher.update(chunk);
-        self.file.write_all(chunk).await.map_err(|e| ApiError::Internal(format!("temp file: {e}")))
+        self.file.write_all(chunk).await.map_err(temp_error)
     }
 
     async fn finish(mut self, form: Form) -> Result<Received, ApiError> {
-        self.file.flush().await.map_err(|e| ApiError::Internal(format!("temp file: {e}")))?;
+        self.file.flush().await.map_err(temp_error)?;
         if self.bytes == 0 {
             return Err(ApiError::BadRequest("the upload is empty".into()));
         }

@@ -3,6 +3,7 @@
 mod browser;
 mod browser_jobs;
 mod categories;
+mod connections;
 mod diagnosis;
 mod external;
 mod first_hour;

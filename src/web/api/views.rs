@@ -366,8 +366,10 @@ pub(crate) async fn simulate(
         reuse: nonempty(q.reuse),
         shrink: None,
     };
-    // A simulation is as heavy as an analysis: it takes an analysis slot.
-    let _slot = app.service.worker.slots.acquire().await.map_err(|e| ApiError::Internal(e.to_string()))?;
+    // As heavy as an analysis, and open to anyone with a link: two at once, not queued.
+    let _slot = app.service.worker.simulations.try_acquire().map_err(|_| {
+        ApiError::Busy("two simulations are running on this server: try again in a few seconds".into())
+    })?;
     on_device(&app, &row, device, move |entry, _, d| {
         crate::simulate::simulate(&entry.snapshot, d, &settings).map(Json).map_err(ApiError::BadRequest)
     })
