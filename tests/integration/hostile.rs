@@ -127,3 +127,28 @@ fn ten_million_tiny_events_are_analysed_in_bounded_time_and_memory() {
     assert_eq!(a["devices"][0]["trace"]["events"], 10_000_000);
     assert_eq!(a["devices"][0]["trace"]["actions"]["snapshot"], 10_000_000);
 }
+
+/// The expansion cases through the server, under a small analysis budget: each gets its 4xx
+/// naming the repeat or the limit, the server's memory stays small, and it keeps answering;
+/// the OOM storm is analysed.
+#[test]
+fn the_server_refuses_expansion_bombs_within_a_small_budget() {
+    let server = TestServer::start(&["--analysis-memory", "256MiB"]);
+    let client = TestServer::client();
+    for (file, words) in CASES.iter().filter(|(f, _)| {
+        ["shared_segments", "shared_trace", "many_segments", "crowded_segment"].iter().any(|k| f.starts_with(k))
+    }) {
+        let r = client.post(server.url("/api/v1/snapshots")).body(std::fs::read(hostile().join(file)).unwrap()).send().unwrap();
+        assert_eq!(r.status().as_u16(), 422, "{file}");
+        let detail = r.json::<serde_json::Value>().unwrap()["detail"].as_str().unwrap().to_string();
+        assert!(words.iter().all(|w| detail.contains(w)), "{file}: {detail}");
+    }
+    let storm = server.upload(&hostile().join("oom_storm.pickle"))["id"].as_str().unwrap().to_string();
+    assert_eq!(server.wait_done(&storm)["status"], "ready");
+    let maps = std::fs::read_dir(server.data.join("results")).unwrap().flatten().map(|d| {
+        std::fs::read_dir(d.path()).unwrap().flatten().filter(|f| f.file_name().to_string_lossy().starts_with("map-")).count()
+    });
+    assert_eq!(maps.sum::<usize>(), 1 + 8, "the end's map and the first 8 OOMs' maps");
+    assert_eq!(server.get("/healthz").status().as_u16(), 200);
+    assert!(server.peak_rss_kib() < 256 << 10, "peak RSS {} KiB", server.peak_rss_kib());
+}
