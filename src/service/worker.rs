@@ -63,6 +63,32 @@ impl Worker {
         worker
     }
 
+    /// Holds `bytes` of the budget where `held` holds `held_bytes` (the estimate it started
+    /// with): more at once if free, else by giving `held` back and waiting for the whole amount
+    /// (two analyses each holding part and waiting for more would never move).
+    async fn charge(
+        &self,
+        held: Option<tokio::sync::OwnedSemaphorePermit>,
+        held_bytes: u64,
+        bytes: u64,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if bytes <= held_bytes {
+            return held;
+        }
+        let extra = (((bytes - held_bytes) >> 20) as u32).clamp(1, self.memory_mib);
+        let mut held = held?;
+        match self.memory.clone().try_acquire_many_owned(extra) {
+            Ok(more) => {
+                held.merge(more);
+                Some(held)
+            }
+            Err(_) => {
+                drop(held);
+                self.reserve_memory(bytes).await
+            }
+        }
+    }
+
     /// Waits until `bytes` of the memory budget are free and holds them (a request larger than
     /// the whole budget waits for all of it).
     pub async fn reserve_memory(&self, bytes: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
@@ -92,7 +118,8 @@ impl Worker {
         if let Ok(mut f) = store.blobs.open(&row.sha256) {
             let _ = std::io::Read::read(&mut f, &mut head);
         }
-        let _memory = self.reserve_memory(ingest::memory_estimate(row.bytes, &head)).await;
+        let estimate = ingest::memory_estimate(row.bytes, &head);
+        let memory = self.reserve_memory(estimate).await;
         if let Err(e) = store.meta.start_attempt(id).await {
             tracing::error!(id, error = %e, "cannot mark analyzing");
             return;
@@ -100,7 +127,7 @@ impl Worker {
         let counter = Arc::new(AtomicU64::new(0));
         self.progress.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), counter.clone());
         let started = std::time::Instant::now();
-        let outcome = analyze(store.clone(), row.sha256.clone(), id.to_string(), counter).await;
+        let outcome = self.analyze(store.clone(), row.sha256.clone(), counter, (memory, estimate)).await;
         self.progress.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
         let update = match outcome {
             Ok((verdict, summary, entry)) => {
@@ -127,38 +154,93 @@ impl Worker {
 /// OOMs whose segment maps are stored with the results.
 const STORED_OOM_MAPS: usize = 8;
 
-/// Parses and analyses a blob and writes the results; returns the verdict, the summary and
-/// the parsed snapshot, or the message to show.
-async fn analyze(
-    store: Arc<Store>,
-    sha256: String,
-    id: String,
-    counter: Arc<AtomicU64>,
+impl Worker {
+    /// Parses a blob, charges the budget for what the parsed model will really need through the
+    /// analysis (not only the guess from the file's size it started with), analyses it and
+    /// writes the results; returns the verdict, the summary and the parsed snapshot, or the
+    /// message to show.
+    async fn analyze(
+        &self,
+        store: Arc<Store>,
+        sha256: String,
+        counter: Arc<AtomicU64>,
+        (memory, estimate): (Option<tokio::sync::OwnedSemaphorePermit>, u64),
+    ) -> Result<(String, Option<Summary>, Entry), String> {
+        let file = store.blobs.open(&sha256).map_err(|e| format!("the upload is missing: {e}"))?;
+        let crashed = |e: tokio::task::JoinError| format!("the analysis crashed: {e}");
+        let ingested = tokio::task::spawn_blocking(move || {
+            let options = ingest::Options { progress: Some(counter), ..ingest::Options::default() };
+            ingest::ingest(file, &options).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(crashed)??;
+        let _memory = self.charge(memory, estimate, analysis::memory_needed(&ingested.snapshot)).await;
+        tokio::task::spawn_blocking(move || analyze_and_write(&store, &sha256, ingested)).await.map_err(crashed)?
+    }
+}
+
+fn analyze_and_write(
+    store: &Store,
+    sha256: &str,
+    ingested: ingest::Ingested,
 ) -> Result<(String, Option<Summary>, Entry), String> {
-    let file = store.blobs.open(&sha256).map_err(|e| format!("the upload is missing: {e}"))?;
-    tokio::task::spawn_blocking(move || {
-        let options = ingest::Options { progress: Some(counter), ..ingest::Options::default() };
-        let ingested = ingest::ingest(file, &options).map_err(|e| e.to_string())?;
-        let snap = ingested.snapshot;
-        let analyzed = analysis::analyze(&snap, ingested.source, Depth::Serve);
-        let entry = Entry { snapshot: snap, replays: analyzed.replays, indexes: analyzed.indexes };
-        // The maps a page opens first: the end of each device, and each OOM.
-        let mut maps = Vec::new();
-        let json = |m: &map::SegmentMap| serde_json::to_vec(m).map_err(|e| e.to_string());
-        for (i, d) in entry.snapshot.devices.iter().enumerate() {
-            maps.push((d.device, None, json(&entry.segment_map(i, None))?));
-            // The first OOMs' maps only: any other event's map is made on demand.
-            for oom in analyzed.analysis.devices[i].ooms.iter().take(STORED_OOM_MAPS) {
-                maps.push((d.device, Some(oom.event_index), json(&entry.segment_map(i, Some(oom.event_index)))?));
-            }
+    let snap = ingested.snapshot;
+    let analyzed = analysis::analyze(&snap, ingested.source, Depth::Serve);
+    let entry = Entry { snapshot: snap, replays: analyzed.replays, indexes: analyzed.indexes };
+    // The maps a page opens first: the end of each device, and the first OOMs (any other
+    // event's map is made on demand).
+    let mut maps = Vec::new();
+    let json = |m: &map::SegmentMap| serde_json::to_vec(m).map_err(|e| e.to_string());
+    for (i, d) in entry.snapshot.devices.iter().enumerate() {
+        maps.push((d.device, None, json(&entry.segment_map(i, None))?));
+        for oom in analyzed.analysis.devices[i].ooms.iter().take(STORED_OOM_MAPS) {
+            maps.push((d.device, Some(oom.event_index), json(&entry.segment_map(i, Some(oom.event_index)))?));
         }
-        let verdict = analyzed.analysis.devices.first().map(|d| d.diagnosis.verdict.as_str()).unwrap_or("no_oom");
-        let timelines = entry.snapshot.devices.iter().map(|d| d.device).zip(&analyzed.timelines).collect();
-        let written = Written { analysis: &analyzed.analysis, maps, timelines };
-        store.results.write(&id, &written).map_err(|e| format!("cannot write the results: {e}"))?;
-        let verdict = verdict.to_string();
-        Ok::<_, String>((verdict, Summary::of(&analyzed.analysis), entry))
-    })
-    .await
-    .map_err(|e| format!("the analysis crashed: {e}"))?
+    }
+    let verdict = analyzed.analysis.devices.first().map(|d| d.diagnosis.verdict.as_str()).unwrap_or("no_oom");
+    let timelines = entry.snapshot.devices.iter().map(|d| d.device).zip(&analyzed.timelines).collect();
+    let written = Written { analysis: &analyzed.analysis, maps, timelines };
+    store.results.write(sha256, &written).map_err(|e| format!("cannot write the results: {e}"))?;
+    Ok((verdict.to_string(), Summary::of(&analyzed.analysis), entry))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(mib: u32) -> Worker {
+        let (queue, _) = mpsc::unbounded_channel();
+        Worker {
+            queue,
+            progress: Default::default(),
+            slots: Arc::new(tokio::sync::Semaphore::new(2)),
+            checks: Arc::new(tokio::sync::Semaphore::new(2)),
+            simulations: Arc::new(tokio::sync::Semaphore::new(2)),
+            memory: Arc::new(tokio::sync::Semaphore::new(mib as usize)),
+            memory_mib: mib,
+        }
+    }
+
+    /// Two analyses that each hold part of the budget and find they need more both finish: one
+    /// gives its part back and waits for the whole, rather than both waiting forever.
+    #[tokio::test]
+    async fn charging_more_than_was_reserved_never_deadlocks() {
+        const MIB: u64 = 1 << 20;
+        let w = worker(100);
+        let a = w.reserve_memory(60 * MIB).await;
+        let b = w.reserve_memory(40 * MIB).await;
+        let (wa, wb) = (w.clone(), w.clone());
+        let ta = tokio::spawn(async move {
+            let held = wa.charge(a, 60 * MIB, 90 * MIB).await;
+            assert_eq!(held.as_ref().map(|p| p.num_permits()), Some(90));
+        });
+        let tb = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let held = wb.charge(b, 40 * MIB, 70 * MIB).await;
+            assert_eq!(held.as_ref().map(|p| p.num_permits()), Some(70));
+        });
+        let both = async { (ta.await.unwrap(), tb.await.unwrap()) };
+        tokio::time::timeout(std::time::Duration::from_secs(5), both).await.expect("both finish");
+        assert_eq!(w.memory.available_permits(), 100, "everything given back");
+    }
 }
