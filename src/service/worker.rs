@@ -129,19 +129,24 @@ impl Worker {
         let started = std::time::Instant::now();
         let outcome = self.analyze(store.clone(), row.sha256.clone(), counter, (memory, estimate)).await;
         self.progress.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
-        let update = match outcome {
+        let (status, error, verdict, summary) = match outcome {
             Ok((verdict, summary, entry)) => {
                 tracing::info!(id, bytes = row.bytes, seconds = started.elapsed().as_secs_f64(), verdict, "analysed");
                 loaded.put(id, Arc::new(entry));
-                store.meta.set_status(id, Status::Ready, None, Some(&verdict), summary.as_ref()).await
+                (Status::Ready, None, Some(verdict), summary)
             }
             Err(message) => {
                 tracing::info!(id, error = %message, "analysis failed");
-                store.meta.set_status(id, Status::Failed, Some(&message), None, None).await
+                (Status::Failed, Some(message), None, None)
             }
         };
-        if let Err(e) = update {
-            tracing::error!(id, error = %e, "cannot record the analysis");
+        // Recording can fail too (a full disk fails the database's writes): then it is logged
+        // and tried again every few seconds until it holds, never dropped.
+        let mut wait = std::time::Duration::from_secs(1);
+        while let Err(e) = store.meta.set_status(id, status, error.as_deref(), verdict.as_deref(), summary.as_ref()).await {
+            tracing::error!(id, error = %e, "cannot record the analysis; trying again");
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(std::time::Duration::from_secs(30));
         }
         // Deleted while it ran: drop what it wrote.
         if matches!(store.meta.by_sha256(id).await, Ok(None)) {

@@ -59,10 +59,16 @@ fn upload_big(server: &TestServer) -> String {
     r.json::<Value>().unwrap()["id"].as_str().unwrap().to_string()
 }
 
+/// Waits until this server is parsing the upload (its progress has moved: a status of
+/// `analyzing` alone may be left from a server killed before).
 fn wait_analyzing(server: &TestServer, id: &str) {
     let start = Instant::now();
-    while server.get_json(&format!("/api/v1/snapshots/{id}"))["status"] != "analyzing" {
-        assert!(start.elapsed() < Duration::from_secs(30), "never analysing");
+    loop {
+        let s = server.get_json(&format!("/api/v1/snapshots/{id}"));
+        if s["status"] == "analyzing" && s["progress"].as_f64().unwrap_or(0.0) > 0.0 {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "never analysing: {s}");
         std::thread::sleep(Duration::from_millis(2));
     }
 }
