@@ -5,6 +5,7 @@ mod browser_jobs;
 mod categories;
 mod connections;
 mod diagnosis;
+mod disk_full;
 mod external;
 mod first_hour;
 mod forms;
