@@ -23,6 +23,9 @@ pub struct Summary {
     pub pinned_free_bytes: u64,
     /// The category holding most bytes: at the first OOM, else at the peak.
     pub largest_category: Option<String>,
+    /// Bytes by category at that moment (what fills memory), the empty ones left out.
+    #[serde(default)]
+    pub categories: std::collections::BTreeMap<String, u64>,
 }
 
 /// The device a summary describes: the first with an OOM, else the one that peaked highest.
@@ -41,10 +44,13 @@ impl Summary {
     /// The summary of an analysis (None when it has no device).
     pub fn of(a: &Analysis) -> Option<Summary> {
         let d = main_device(a)?;
-        let largest = key_breakdown(d)
+        let key = key_breakdown(d);
+        let largest = key
             .and_then(|b| b.categories.iter().filter(|(_, v)| **v > 0).max_by_key(|(_, v)| **v).map(|(c, _)| *c))
-            .and_then(|c| serde_json::to_value(c).ok())
-            .and_then(|v| v.as_str().map(str::to_string));
+            .map(|c| c.as_str().to_string());
+        let categories = key
+            .map(|b| b.categories.iter().filter(|(_, v)| **v > 0).map(|(c, v)| (c.as_str().to_string(), *v)).collect())
+            .unwrap_or_default();
         Some(Summary {
             device: d.device,
             peak_reserved_bytes: d.peak.reserved_bytes,
@@ -53,6 +59,7 @@ impl Summary {
             verdict: d.diagnosis.verdict.as_str().to_string(),
             pinned_free_bytes: d.ooms.first().map(|o| o.pinned_free_bytes).unwrap_or(d.pinned.bytes),
             largest_category: largest,
+            categories,
         })
     }
 }
@@ -116,6 +123,7 @@ mod tests {
             verdict: if oom { "capacity" } else { "no_oom" }.into(),
             pinned_free_bytes: 0,
             largest_category: None,
+            categories: Default::default(),
         }
     }
 

@@ -22,6 +22,8 @@ pub struct RankView {
     pub verdict: Option<String>,
     pub pinned_free_bytes: Option<u64>,
     pub largest_category: Option<String>,
+    /// Bytes by category when it mattered (the first OOM, else the peak).
+    pub categories: std::collections::BTreeMap<String, u64>,
     /// Why the analysis failed, if it did.
     pub error: Option<String>,
 }
@@ -101,6 +103,7 @@ fn rank_view(rank: i64, row: &SnapshotRow) -> RankView {
         verdict: row.verdict.clone(),
         pinned_free_bytes: s.map(|s| s.pinned_free_bytes),
         largest_category: s.and_then(|s| s.largest_category.clone()),
+        categories: s.map(|s| s.categories.clone()).unwrap_or_default(),
         error: row.error.clone(),
     }
 }

@@ -2,8 +2,8 @@
 //! failed accept, so a few thousand idle or half-sent connections could hold every file
 //! descriptor. Here: a cap on connections served at once, a header-read timeout that also
 //! closes connections idle between requests (hyper starts it whenever it waits for a request
-//! head), one log line when accepting starts failing (descriptors exhausted) and one when it
-//! recovers, and a graceful stop that waits at most 10 s for open connections.
+//! head), a log line at most once a minute while accepting fails (descriptors exhausted), and
+//! a graceful stop that waits at most 10 s for open connections.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -19,6 +19,9 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
+/// Failed accepts are logged at most this often.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
 /// How long a connection may take to send a request head, or sit idle between requests.
 pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -32,7 +35,10 @@ pub(crate) async fn serve(
 ) {
     let permits = Arc::new(Semaphore::new(max_connections.max(1)));
     let graceful = GracefulShutdown::new();
-    let mut failing = false;
+    // Failed accepts come in bursts (each freed descriptor is taken again at once): one line
+    // a minute at most, with how many failed.
+    let mut logged: Option<std::time::Instant> = None;
+    let mut failed = 0u64;
     tokio::pin!(stop);
     loop {
         let permit = tokio::select! {
@@ -43,9 +49,12 @@ pub(crate) async fn serve(
             r = listener.accept() => match r {
                 Ok((stream, _)) => stream,
                 Err(e) => {
-                    if !is_connection_error(&e) && !failing {
-                        tracing::error!(error = %e, "cannot accept connections (file descriptors exhausted?); retrying");
-                        failing = true;
+                    if !is_connection_error(&e) {
+                        failed += 1;
+                        if logged.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
+                            tracing::error!(error = %e, failed, "cannot accept connections (file descriptors exhausted?); retrying");
+                            (logged, failed) = (Some(std::time::Instant::now()), 0);
+                        }
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
@@ -53,10 +62,6 @@ pub(crate) async fn serve(
             },
             () = &mut stop => break,
         };
-        if failing {
-            tracing::info!("accepting connections again");
-            failing = false;
-        }
         let service = app.clone().map_request(|r: axum::http::Request<Incoming>| r.map(Body::new));
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())

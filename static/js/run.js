@@ -3,6 +3,7 @@
 
 import { bytes } from "./data/format.js";
 import { decodeCurves, sortRanks } from "./data/curves.js";
+import { categoryColor } from "./data/colors.js";
 import { drawCurves } from "./draw/curves.js";
 
 const main = document.getElementById("run");
@@ -28,6 +29,30 @@ function bar(value, max, cls) {
   b.className = `bar ${cls}`;
   b.style.width = `${max > 0 && value != null ? (100 * value) / max : 0}%`;
   return b;
+}
+
+/** What fills memory when it mattered: a stacked bar of the categories, and the largest named. */
+function fills(r) {
+  const td = cell("", "fills");
+  const entries = Object.entries(r.categories || {});
+  const total = entries.reduce((s, [, v]) => s + v, 0);
+  if (total > 0) {
+    const stack = document.createElement("div");
+    stack.className = "stack";
+    for (const [name, v] of entries) {
+      const part = document.createElement("span");
+      part.style.width = `${(100 * v) / total}%`;
+      part.style.background = categoryColor(name);
+      part.title = `${name.replace("_", " ")}: ${bytes(v)}`;
+      stack.append(part);
+    }
+    td.append(stack);
+  }
+  const label = document.createElement("div");
+  label.className = "hint";
+  label.textContent = r.largest_category ? `mostly ${r.largest_category.replace("_", " ")}` : "";
+  td.append(label);
+  return td;
 }
 
 function renderSummary() {
@@ -78,7 +103,7 @@ function renderRows() {
     bars.append(figures);
     const verdict = r.status === "ready" ? (words[r.verdict] || r.verdict) : (r.error || r.status);
     tr.append(cell(String(r.rank)), name, bars, cell(verdict, `verdict-${(r.verdict || r.status).replace("_", "-")}`),
-      cell((r.largest_category || "").replace("_", " ")), cell(r.pinned_free_bytes == null ? "" : bytes(r.pinned_free_bytes)));
+      fills(r), cell(r.pinned_free_bytes == null ? "" : bytes(r.pinned_free_bytes)));
     return tr;
   });
   body.replaceChildren(...rows);

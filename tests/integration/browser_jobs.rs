@@ -49,6 +49,10 @@ fn several_files_dropped_together_are_one_run_and_land_on_its_page() {
         assert_eq!(rows[1][0], "1", "job_rank1 is rank 1");
         assert_eq!(rows[1][1], true, "rank 1 ran out of memory: its row is marked");
         assert_eq!(rows[0][1], false);
+        // What fills memory: rank 1's bar, mostly activations at its OOM (truth: the category test).
+        let fills = js(&c, "return [document.querySelectorAll('#ranks tr[data-rank=\"1\"] .stack span').length, document.querySelector('#ranks tr[data-rank=\"1\"] .fills').textContent]").await;
+        assert!(fills[0].as_u64().unwrap() >= 2, "{fills}");
+        assert!(fills[1].as_str().unwrap().contains("mostly activation"), "{fills}");
         let head = js(&c, "return document.getElementById('run-summary').textContent").await;
         assert!(head.as_str().unwrap().contains("Rank 1 ran out of memory"), "{head}");
         // A click on a row opens its rank's page, which can delete it.
