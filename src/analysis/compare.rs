@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::summary::{key_breakdown, main_device};
+use super::summary::{key_breakdown, main_device, pinned_free_bytes};
 use super::{Analysis, DeviceAnalysis};
 
 /// One number of both snapshots, and how it changed (`b - a`).
@@ -112,10 +112,6 @@ pub fn compare(a: &Analysis, b: &Analysis) -> Comparison {
     Comparison { devices, settings: settings(a.allocator_settings.as_ref(), b.allocator_settings.as_ref()) }
 }
 
-fn pinned(d: &DeviceAnalysis) -> u64 {
-    d.ooms.first().map(|o| o.pinned_free_bytes).unwrap_or(d.pinned.bytes)
-}
-
 fn device(a: &DeviceAnalysis, b: &DeviceAnalysis) -> DeviceComparison {
     DeviceComparison {
         device: a.device,
@@ -125,7 +121,7 @@ fn device(a: &DeviceAnalysis, b: &DeviceAnalysis) -> DeviceComparison {
         final_reserved_bytes: Pair::new(a.final_state.reserved_bytes, b.final_state.reserved_bytes),
         oom: Both { a: !a.ooms.is_empty(), b: !b.ooms.is_empty() },
         verdict: Both { a: a.diagnosis.verdict.as_str().into(), b: b.diagnosis.verdict.as_str().into() },
-        pinned_free_bytes: Pair::new(pinned(a), pinned(b)),
+        pinned_free_bytes: Pair::new(pinned_free_bytes(a), pinned_free_bytes(b)),
         call_sites: call_sites(a, b),
         categories: categories(a, b),
     }

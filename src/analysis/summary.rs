@@ -33,6 +33,11 @@ pub fn main_device(a: &Analysis) -> Option<&DeviceAnalysis> {
     a.devices.iter().find(|d| !d.ooms.is_empty()).or_else(|| a.devices.iter().max_by_key(|d| d.peak.reserved_bytes))
 }
 
+/// Free bytes pinned by live blocks when it mattered: at the first OOM, else at the end.
+pub fn pinned_free_bytes(d: &DeviceAnalysis) -> u64 {
+    d.ooms.first().map(|o| o.pinned_free_bytes).unwrap_or(d.pinned.bytes)
+}
+
 /// The breakdown that says what filled memory when it mattered: the first OOM's, else the
 /// peak's, else the end's.
 pub fn key_breakdown(d: &DeviceAnalysis) -> Option<&Breakdown> {
@@ -57,7 +62,7 @@ impl Summary {
             peak_allocated_bytes: d.peak.allocated_bytes,
             oom: !d.ooms.is_empty(),
             verdict: d.diagnosis.verdict.as_str().to_string(),
-            pinned_free_bytes: d.ooms.first().map(|o| o.pinned_free_bytes).unwrap_or(d.pinned.bytes),
+            pinned_free_bytes: pinned_free_bytes(d),
             largest_category: largest,
             categories,
         })

@@ -122,13 +122,8 @@ impl Service {
         row
     }
 
-    /// A run with each rank's numbers; None when there is no such run.
-    pub async fn run(&self, id: &str) -> Result<Option<RunView>, ServiceError> {
-        let Some(run) = self.store.meta.run(id).await? else { return Ok(None) };
-        Ok(Some(self.run_view(run).await?))
-    }
-
-    async fn run_view(&self, run: RunRow) -> Result<RunView, ServiceError> {
+    /// A run with each rank's numbers.
+    pub async fn run(&self, run: RunRow) -> Result<RunView, ServiceError> {
         let mut rows = Vec::new();
         for row in self.store.meta.run_snapshots(&run.id).await? {
             rows.push(self.with_summary(row).await);
@@ -149,7 +144,7 @@ impl Service {
     pub async fn runs(&self, limit: u32, offset: u32) -> Result<Vec<RunView>, ServiceError> {
         let mut out = Vec::new();
         for run in self.store.meta.runs(limit, offset).await? {
-            out.push(self.run_view(run).await?);
+            out.push(self.run(run).await?);
         }
         Ok(out)
     }

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::reader::{Heap, Kind, Parsed, Value};
 
+use super::expansion::{MAX_SEGMENTS, MIN_BLOCK, repeated, take};
 use super::sink::{STACK_TAG, SnapshotSink, found};
 
 use super::{
@@ -127,11 +128,6 @@ fn split_devices(
     (devices, events, extras)
 }
 
-/// The most segments a snapshot may hold: 256 GiB in the smallest (2 MiB) segments.
-pub(crate) const MAX_SEGMENTS: usize = 1 << 17;
-/// The smallest block the allocator makes, which bounds the blocks a segment can hold.
-const MIN_BLOCK: u64 = 512;
-
 struct Walker<'a> {
     heap: &'a Heap,
     sink: &'a mut SnapshotSink,
@@ -142,27 +138,6 @@ struct Walker<'a> {
     segments: usize,
 }
 
-/// Marks folded entry `f` as listed; false if it was already.
-fn take(taken: &mut [u64], f: u32) -> bool {
-    let (word, bit) = (f as usize / 64, 1u64 << (f % 64));
-    match taken.get_mut(word) {
-        Some(w) if *w & bit != 0 => false,
-        Some(w) => {
-            *w |= bit;
-            true
-        }
-        None => true,
-    }
-}
-
-/// A shared object where the format has a distinct one: refused before it expands.
-fn repeated(path: String, what: &str) -> ModelError {
-    ModelError::new(
-        path,
-        format!("a {what} of its own (torch writes each {what} once)"),
-        format!("the same {what} object as an earlier one: shared objects are not expanded"),
-    )
-}
 
 impl Walker<'_> {
     fn list(&self, v: Value, path: &str) -> Result<Vec<Value>, ModelError> {

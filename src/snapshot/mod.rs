@@ -7,6 +7,7 @@
 
 mod build;
 mod error;
+mod expansion;
 mod sink;
 pub(crate) mod sites;
 mod stacks;

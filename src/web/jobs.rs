@@ -7,10 +7,8 @@ use axum::extract::State;
 use axum::response::Html;
 
 use super::AppState;
-use super::error::ApiError;
 use super::extract::Path;
 use super::pages::{PageError, date, render};
-use crate::store::valid_id;
 
 #[derive(Template)]
 #[template(path = "run.html")]
@@ -21,8 +19,7 @@ struct RunPage {
 }
 
 pub(crate) async fn run(State(app): State<AppState>, Path(id): Path<String>) -> Result<Html<String>, PageError> {
-    let run = if valid_id(&id) { app.service.store.meta.run(&id).await? } else { None };
-    let run = run.ok_or(PageError(ApiError::NotFound("run")))?;
+    let run = app.run(&id).await?;
     render(RunPage { id: run.id, name: run.key, date: date(run.created_at) })
 }
 

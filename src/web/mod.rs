@@ -63,6 +63,14 @@ impl AppState {
         self.service.store.meta.get(id).await?.ok_or(ApiError::NotFound("snapshot"))
     }
 
+    /// The run of a link, or 404 (the same for a malformed id as for an unknown one).
+    pub(crate) async fn run(&self, id: &str) -> Result<crate::store::RunRow, ApiError> {
+        if !valid_id(id) {
+            return Err(ApiError::NotFound("run"));
+        }
+        self.service.store.meta.run(id).await?.ok_or(ApiError::NotFound("run"))
+    }
+
     /// The snapshot, if its analysis is done.
     pub(crate) async fn ready(&self, id: &str) -> Result<SnapshotRow, ApiError> {
         let row = self.row(id).await?;

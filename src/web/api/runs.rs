@@ -9,18 +9,14 @@ use serde::Deserialize;
 
 use crate::analysis::compare::Comparison;
 use crate::service::runs::{MAX_CURVES, RunView};
-use crate::store::valid_id;
 use crate::web::AppState;
 use crate::web::error::ApiError;
 use crate::web::api::snapshots::ListQuery;
 use crate::web::extract::{Path, Query};
 
-/// A run by its page id, or 404 (the same for a malformed id as for an unknown one).
+/// A run by its page id, with each rank's numbers.
 async fn run_of(app: &AppState, id: &str) -> Result<RunView, ApiError> {
-    if !valid_id(id) {
-        return Err(ApiError::NotFound("run"));
-    }
-    app.service.run(id).await?.ok_or(ApiError::NotFound("run"))
+    Ok(app.service.run(app.run(id).await?).await?)
 }
 
 pub(crate) async fn get(State(app): State<AppState>, Path(id): Path<String>) -> Result<Json<RunView>, ApiError> {
@@ -43,7 +39,7 @@ pub(crate) async fn delete(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     app.authorize(&headers)?;
-    run_of(&app, &id).await?;
+    app.run(&id).await?;
     app.service.delete_run(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
