@@ -6,10 +6,17 @@
 //! 2. Thirty seconds of mixed reads (the share page, the analysis JSON, a binary timeline) from
 //!    16 client threads; requests per second, latency percentiles and errors.
 //!
+//! `cargo bench --bench load -- --replicas 2` runs the same against two replicas sharing a
+//! PostgreSQL and an S3 server (`s3s-fs`), started as the team tests start them: uploads and
+//! reads alternate between the replicas, and each replica's peak RSS is reported.
+//!
 //! Prints the figures; asserts nothing (machines are noisy).
 
 #[path = "common.rs"]
 mod common;
+#[allow(dead_code)]
+#[path = "../tests/integration/engines.rs"]
+mod engines;
 
 use std::io::{BufRead, Read};
 use std::process::{Command, Stdio};
@@ -37,26 +44,54 @@ fn main() {
     };
     let size = std::fs::metadata(&snapshot).unwrap().len();
     let data = tempfile::tempdir().unwrap();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_fragscope"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--analysis-memory", &BUDGET.to_string(), "--data-dir"])
-        .arg(data.path().join("data"))
-        .env("FRAGSCOPE_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = server.id();
-    let mut line = String::new();
-    std::io::BufReader::new(server.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let base = line.trim().rsplit(' ').next().unwrap().to_string();
+    let args: Vec<String> = std::env::args().collect();
+    let replicas: usize =
+        args.iter().position(|a| a == "--replicas").and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(1);
+    let team = if replicas > 1 {
+        match engines::Team::start() {
+            Some(t) => Some(t),
+            None => {
+                println!("--replicas needs PostgreSQL and s3s-fs (see .ci/run)");
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    let (team_args, team_env) = match &team {
+        Some(t) => (t.args(), t.s3.env()),
+        None => (Vec::new(), Vec::new()),
+    };
+    let mut servers = Vec::new();
+    let mut bases = Vec::new();
+    for r in 0..replicas.max(1) {
+        let mut server = Command::new(env!("CARGO_BIN_EXE_fragscope"))
+            .args(["serve", "--addr", "127.0.0.1:0", "--analysis-memory", &BUDGET.to_string(), "--data-dir"])
+            .arg(data.path().join(format!("data{r}")))
+            .args(&team_args)
+            .envs(team_env.iter().map(|(k, v)| (k, v)))
+            .env("FRAGSCOPE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(server.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        bases.push(line.trim().rsplit(' ').next().unwrap().to_string());
+        servers.push(server);
+    }
+    let pids: Vec<u32> = servers.iter().map(|s| s.id()).collect();
+    let base = bases[0].clone();
     let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(900)).build().unwrap();
 
     let done = Arc::new(AtomicBool::new(false));
-    let peak = Arc::new(AtomicU64::new(0));
+    let peaks: Arc<Vec<AtomicU64>> = Arc::new(pids.iter().map(|_| AtomicU64::new(0)).collect());
     let sampler = {
-        let (done, peak) = (done.clone(), peak.clone());
+        let (done, peaks, pids) = (done.clone(), peaks.clone(), pids.clone());
         std::thread::spawn(move || {
             while !done.load(Ordering::Relaxed) {
-                peak.fetch_max(rss_kib(pid, "VmRSS:"), Ordering::Relaxed);
+                for (pid, peak) in pids.iter().zip(peaks.iter()) {
+                    peak.fetch_max(rss_kib(*pid, "VmRSS:"), Ordering::Relaxed);
+                }
                 std::thread::sleep(Duration::from_millis(20));
             }
         })
@@ -64,7 +99,7 @@ fn main() {
     let t = Instant::now();
     let uploads: Vec<_> = (0..CLIENTS)
         .map(|k| {
-            let (http, base, path) = (http.clone(), base.clone(), snapshot.clone());
+            let (http, base, path) = (http.clone(), bases[k % bases.len()].clone(), snapshot.clone());
             std::thread::spawn(move || {
                 let body = std::fs::File::open(&path).unwrap().chain(std::io::Cursor::new(vec![k as u8]));
                 let r = http
@@ -85,11 +120,19 @@ fn main() {
     let all_ready = t.elapsed().as_secs_f64();
     done.store(true, Ordering::Relaxed);
     sampler.join().unwrap();
-    let hwm = rss_kib(pid, "VmHWM:").max(peak.load(Ordering::Relaxed));
-    println!("{CLIENTS} clients uploading {} MiB each at once, --analysis-memory {} MiB:", size >> 20, BUDGET >> 20);
+    let on = if replicas > 1 { format!("{replicas} replicas on PostgreSQL and S3") } else { "one server".into() };
+    println!(
+        "{CLIENTS} clients uploading {} MiB each at once to {on}, --analysis-memory {} MiB each:",
+        size >> 20,
+        BUDGET >> 20
+    );
     println!("  all uploaded after {uploaded:.1} s, all analysed after {all_ready:.1} s");
-    let within = if hwm << 10 <= BUDGET { "within it" } else { "OVER IT" };
-    println!("  server peak RSS {} MiB (budget {} MiB: {within})\n", hwm >> 10, BUDGET >> 20);
+    for (r, (pid, peak)) in pids.iter().zip(peaks.iter()).enumerate() {
+        let hwm = rss_kib(*pid, "VmHWM:").max(peak.load(Ordering::Relaxed));
+        let within = if hwm << 10 <= BUDGET { "within it" } else { "OVER IT" };
+        println!("  server {r} peak RSS {} MiB (budget {} MiB: {within})", hwm >> 10, BUDGET >> 20);
+    }
+    println!();
 
     // Read load.
     let stop = Instant::now() + Duration::from_secs(30);
@@ -98,7 +141,7 @@ fn main() {
     let readers: Vec<_> = (0..16)
         .map(|k| {
             let (http, base, ids, latencies, errors) =
-                (http.clone(), base.clone(), ids.clone(), latencies.clone(), errors.clone());
+                (http.clone(), bases[k % bases.len()].clone(), ids.clone(), latencies.clone(), errors.clone());
             std::thread::spawn(move || {
                 let mut mine = Vec::new();
                 let mut i = k;
@@ -147,5 +190,7 @@ fn main() {
         pct(0.99),
         errors.load(Ordering::Relaxed)
     );
-    let _ = server.kill();
+    for mut s in servers {
+        let _ = s.kill();
+    }
 }

@@ -42,6 +42,22 @@ pub struct Config {
     /// requests included, is closed.
     #[arg(long, env = "FRAGSCOPE_MAX_CONNECTIONS", default_value_t = 512)]
     pub max_connections: usize,
+    /// Metadata and the analysis queue: `sqlite://PATH` or `postgres://USER:PASSWORD@HOST/DB`
+    /// (several replicas share one). Default: `fragscope.db` in the data folder.
+    #[arg(long, env = "FRAGSCOPE_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Uploads and results: `s3://BUCKET/PREFIX` (also `gs://`, `az://`), configured by the
+    /// `AWS_*` (`GOOGLE_*`, `AZURE_*`) variables; `AWS_ENDPOINT` for an S3-compatible server.
+    /// Default: the data folder.
+    #[arg(long, env = "FRAGSCOPE_BLOB_STORE")]
+    pub blob_store: Option<String>,
+    /// With an object store, the most bytes of blobs and results kept on this machine's disk.
+    #[arg(long, env = "FRAGSCOPE_CACHE_SIZE", default_value = "20GiB", value_parser = parse_size)]
+    pub cache_size: u64,
+    /// Seconds a replica holds a job without renewing it; a replica that dies mid-analysis
+    /// gives its job up after this long.
+    #[arg(long, env = "FRAGSCOPE_LEASE_SECONDS", default_value_t = 60, hide = true)]
+    pub lease_seconds: u64,
 }
 
 impl Config {
@@ -58,6 +74,10 @@ impl Config {
             max_connections: 512,
             request_timeout_secs: 30,
             analysis_memory: None,
+            database_url: None,
+            blob_store: None,
+            cache_size: 20 << 30,
+            lease_seconds: 60,
         }
     }
 

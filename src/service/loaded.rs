@@ -77,15 +77,17 @@ pub struct Loaded {
     entries: Mutex<VecDeque<(String, Arc<Entry>)>>,
     /// One parse at a time: parsing is CPU- and memory-heavy.
     loading: tokio::sync::Mutex<()>,
+    counters: Arc<super::metrics::Counters>,
 }
 
 impl Loaded {
-    pub fn new(capacity: usize, max_bytes: u64) -> Loaded {
+    pub fn new(capacity: usize, max_bytes: u64, counters: Arc<super::metrics::Counters>) -> Loaded {
         Loaded {
             capacity: capacity.max(1),
             max_bytes,
             entries: Mutex::new(VecDeque::new()),
             loading: tokio::sync::Mutex::new(()),
+            counters,
         }
     }
 
@@ -114,25 +116,22 @@ impl Loaded {
 
     /// The parsed snapshot, parsing its blob if it is not held. `reserve` is asked for the bytes
     /// the parse needs at its peak and held until it is done (None: go ahead unreserved).
-    pub async fn load<R, P>(
-        &self,
-        store: &Store,
-        sha256: &str,
-        reserve: R,
-    ) -> Result<Arc<Entry>, super::ServiceError>
+    pub async fn load<R, P>(&self, store: &Store, sha256: &str, reserve: R) -> Result<Arc<Entry>, super::ServiceError>
     where
         R: FnOnce(u64) -> P,
         P: std::future::Future<Output = Option<tokio::sync::OwnedSemaphorePermit>>,
     {
         if let Some(e) = self.get(sha256) {
+            super::metrics::Counters::add(&self.counters.cache_hits, 1);
             return Ok(e);
         }
+        super::metrics::Counters::add(&self.counters.cache_misses, 1);
         let _one = self.loading.lock().await;
         if let Some(e) = self.get(sha256) {
             return Ok(e);
         }
         let gone = |e: std::io::Error| super::ServiceError::Store(e.into());
-        let mut file = store.blobs.open(sha256).map_err(gone)?;
+        let mut file = store.blobs.open(sha256).await.map_err(gone)?;
         let mut head = [0u8; 4];
         let bytes = file.metadata().map_err(gone)?.len();
         let _ = std::io::Read::read(&mut file, &mut head);
@@ -169,11 +168,11 @@ mod tests {
         let sha: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
         let temp = dir.path().join("upload.tmp");
         std::fs::write(&temp, &bytes).unwrap();
-        store.blobs.commit(&temp, &sha).unwrap();
+        store.blobs.commit(temp, &sha).await.unwrap();
 
         let budget = Arc::new(tokio::sync::Semaphore::new(64));
         let held = budget.clone().acquire_many_owned(64).await.unwrap();
-        let loaded = Loaded::new(2, u64::MAX);
+        let loaded = Loaded::new(2, u64::MAX, Default::default());
         let asked = std::sync::Mutex::new(None);
         let reserve = |bytes: u64| {
             *asked.lock().unwrap() = Some(bytes);

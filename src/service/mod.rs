@@ -6,6 +6,7 @@
 //! It is also the seam for other storage back ends: everything below goes through [`Store`].
 
 pub mod loaded;
+pub mod metrics;
 pub mod runs;
 pub mod worker;
 
@@ -14,7 +15,7 @@ use std::sync::Arc;
 
 use crate::analysis::Analysis;
 use crate::ingest::{self, IngestError};
-use crate::store::{Label, SnapshotRow, Status, Store, StoreError};
+use crate::store::{Label, SnapshotRow, Store, StoreError};
 use loaded::{Entry, Loaded};
 use worker::Worker;
 
@@ -22,11 +23,6 @@ use worker::Worker;
 /// gets its 4xx at once; larger ones are checked by their first bytes, then analysed in the
 /// background.
 pub const CHECK_BEFORE_ANSWER: u64 = 32 << 20;
-
-/// Analyses started this many times without finishing are not started again.
-const MAX_ATTEMPTS: u64 = 2;
-const DIED: &str = "the analysis stopped twice before it finished (the server was stopped, or ran out of memory, \
-    while analysing this file); it is not tried again";
 
 /// Why the service could not do what was asked. The web layer maps these to HTTP once.
 #[derive(Debug, thiserror::Error)]
@@ -70,26 +66,29 @@ pub struct Service {
     pub store: Arc<Store>,
     pub worker: Worker,
     pub loaded: Arc<Loaded>,
+    pub counters: Arc<metrics::Counters>,
 }
 
 impl Service {
     /// Starts the queue over `store`: three quarters of `memory` for analyses at work (less what
     /// two checks of small uploads may take), a quarter for parsed snapshots kept for queries. Analyses a stop interrupted are queued again.
-    pub async fn start(store: Arc<Store>, workers: usize, loaded: usize, memory: u64) -> Result<Service, StoreError> {
-        let cache = Arc::new(Loaded::new(loaded, memory / 4));
+    pub async fn start(
+        store: Arc<Store>,
+        (workers, loaded, memory): (usize, usize, u64),
+        leases: worker::Leases,
+    ) -> Result<Service, StoreError> {
+        let counters = Arc::new(metrics::Counters::default());
+        let cache = Arc::new(Loaded::new(loaded, memory / 4, counters.clone()));
         // The two checks of small uploads (see `check`) are carved out of the analyses' share.
         let checks = (2 * ingest::memory_estimate(CHECK_BEFORE_ANSWER, b"")).min(memory / 4);
-        let worker = Worker::start(store.clone(), cache.clone(), workers, memory / 4 * 3 - checks);
-        for sha in store.meta.unfinished().await? {
-            if store.meta.attempts(&sha).await? >= MAX_ATTEMPTS {
-                tracing::warn!(sha, "analysis died twice: failed, not resumed");
-                store.meta.set_status(&sha, Status::Failed, Some(DIED), None, None).await?;
-                continue;
-            }
-            tracing::info!(sha, "analysis interrupted by a stop: running it again");
-            worker.enqueue(&sha);
+        // With SQLite this server is the only replica: the leases its last run held are dead.
+        let freed = store.meta.release_all().await?;
+        if freed > 0 {
+            tracing::info!(freed, "analyses interrupted by a stop: running them again");
         }
-        Ok(Service { store, worker, loaded: cache })
+        let worker =
+            Worker::start(store.clone(), cache.clone(), counters.clone(), (workers, memory / 4 * 3 - checks), leases);
+        Ok(Service { store, worker, loaded: cache, counters })
     }
 
     /// Takes an upload under a new id. Bytes stored before are not checked or analysed again;
@@ -99,6 +98,7 @@ impl Service {
         let result = self.check(&up).await;
         if result.is_err() {
             self.store.discard_temp(&up.temp);
+            metrics::Counters::add(&self.counters.uploads_refused, 1);
         }
         let stored_before = result?;
         if up.label.name.is_empty() {
@@ -106,8 +106,9 @@ impl Service {
         }
         let (row, new) = self.store.add_upload(up.temp, up.sha256, up.bytes, up.label).await?;
         if new {
-            self.worker.enqueue(&row.sha256);
+            self.worker.wake();
         }
+        metrics::Counters::add(&self.counters.uploads, 1);
         Ok(Admitted { row, duplicate: stored_before || !new })
     }
 
@@ -129,8 +130,26 @@ impl Service {
         Ok(false)
     }
 
+    /// The database and the blob store answer; else which does not.
+    pub async fn ready(&self) -> Result<(), String> {
+        self.store.meta.ping().await.map_err(|e| format!("the database does not answer: {e}"))?;
+        self.store.blobs.ping().await.map_err(|e| format!("the blob store does not answer: {e}"))
+    }
+
+    /// `/metrics`: the counters, and gauges read from the store now.
+    pub async fn metrics(&self) -> Result<String, ServiceError> {
+        let (by_status, stored_bytes, runs) = self.store.meta.gauges().await?;
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+        let (queued, running) = self.store.meta.queue_depth(now).await?;
+        let budget_free_bytes = self.worker.memory_free();
+        let gauges = metrics::Gauges { by_status, stored_bytes, runs, budget_free_bytes, queued, running };
+        Ok(metrics::render(&self.counters, &gauges))
+    }
+
     /// The stored analysis of a snapshot.
     pub async fn analysis(&self, row: &SnapshotRow) -> Result<Analysis, ServiceError> {
+        self.store.local_results(&row.sha256).await?;
         let store = self.store.clone();
         let id = row.sha256.clone();
         tokio::task::spawn_blocking(move || store.results.analysis(&id))
@@ -142,9 +161,7 @@ impl Service {
     /// The parsed snapshot of a ready row, from the cache or parsed again within the budget.
     pub async fn entry(&self, row: &SnapshotRow) -> Result<Arc<Entry>, ServiceError> {
         let w = self.worker.clone();
-        self.loaded
-            .load(&self.store, &row.sha256, move |bytes| async move { w.reserve_memory(bytes).await })
-            .await
+        self.loaded.load(&self.store, &row.sha256, move |bytes| async move { w.reserve_memory(bytes).await }).await
     }
 
     /// A device's series over events `start..end` (default: all) in `points` buckets, from
@@ -157,6 +174,7 @@ impl Service {
         end: Option<usize>,
         points: usize,
     ) -> Result<crate::analysis::timeline::Downsampled, ServiceError> {
+        self.store.local_results(&row.sha256).await?;
         let t = match self.store.results.timeline(&row.sha256, device) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(ServiceError::Missing("device")),
@@ -186,9 +204,9 @@ impl Service {
 
     /// The original upload, open at its start, and the file name to download it under: its
     /// name with the extension its format has (`run-42` becomes `run-42.pickle`).
-    pub fn download(&self, row: &SnapshotRow) -> Result<(std::fs::File, String), ServiceError> {
+    pub async fn download(&self, row: &SnapshotRow) -> Result<(std::fs::File, String), ServiceError> {
         use std::io::{Read, Seek};
-        let mut file = self.store.blobs.open(&row.sha256).map_err(|_| ServiceError::Missing("upload"))?;
+        let mut file = self.store.blobs.open(&row.sha256).await.map_err(|_| ServiceError::Missing("upload"))?;
         let mut head = [0u8; 64];
         let n = file.read(&mut head).map_err(StoreError::from)?;
         file.rewind().map_err(StoreError::from)?;

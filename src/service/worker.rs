@@ -1,5 +1,11 @@
-//! The analysis queue: uploads are analysed in the background, a few at a time (parsing is
+//! The analysis workers: uploads are analysed in the background, a few at a time (parsing is
 //! CPU- and memory-heavy), and each reports its progress in bytes read.
+//!
+//! The queue itself is in the database (`store::meta::queue`), so that any replica may take
+//! any job: a worker claims the oldest job under a lease, renews the lease while it works, and
+//! takes the job off the queue with its outcome. A replica that dies mid-analysis stops
+//! renewing; once the lease runs out another replica claims the job. A job claimed more than
+//! twice killed its analyser each time and is failed instead.
 //!
 //! A job reads the blob, analyses it fully, and writes the results through the store; the
 //! parsed snapshot then stays in the loaded cache so the first queries need no parse. A
@@ -9,17 +15,47 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::mpsc;
-
 use super::loaded::{Entry, Loaded};
 use crate::analysis::summary::Summary;
 use crate::analysis::{self, Depth, map};
 use crate::ingest;
 use crate::store::{Status, Store, Written};
 
+/// Analyses claimed this many times without finishing are failed, not started again.
+const MAX_ATTEMPTS: u64 = 2;
+const DIED: &str = "the analysis stopped twice before it finished (the server was stopped, or ran out of memory, \
+    while analysing this file); it is not tried again";
+
+/// How workers hold jobs.
+#[derive(Clone, Debug)]
+pub struct Leases {
+    /// This process's name on the jobs it holds.
+    pub owner: String,
+    /// How long a claim holds without renewal; renewed every third of it.
+    pub lease: std::time::Duration,
+    /// How often an idle worker looks for jobs other replicas queued (its own uploads wake it
+    /// at once).
+    pub poll: std::time::Duration,
+}
+
+impl Default for Leases {
+    fn default() -> Leases {
+        Leases {
+            owner: crate::store::random_id(),
+            lease: std::time::Duration::from_secs(60),
+            poll: std::time::Duration::from_secs(2),
+        }
+    }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
 #[derive(Clone)]
 pub struct Worker {
-    queue: mpsc::UnboundedSender<String>,
+    /// Wakes idle workers when this replica queues a job.
+    wake: Arc<tokio::sync::Notify>,
     progress: Arc<Mutex<HashMap<String, Arc<AtomicU64>>>>,
     /// One permit per analysis allowed to run at once.
     pub slots: Arc<tokio::sync::Semaphore>,
@@ -31,6 +67,7 @@ pub struct Worker {
     /// The memory budget for analyses, in MiB permits.
     memory: Arc<tokio::sync::Semaphore>,
     memory_mib: u32,
+    counters: Arc<super::metrics::Counters>,
 }
 
 impl Worker {
@@ -40,33 +77,52 @@ impl Worker {
     /// the next analysis, on another blocking thread, takes fresh pages: the process's RSS then
     /// climbs past the budget though the live bytes stay within it. Two arenas, and a trim after
     /// each analysis, keep RSS close to what is live.
-    pub fn start(store: Arc<Store>, loaded: Arc<Loaded>, workers: usize, memory: u64) -> Worker {
+    pub fn start(
+        store: Arc<Store>,
+        loaded: Arc<Loaded>,
+        counters: Arc<super::metrics::Counters>,
+        (workers, memory): (usize, u64),
+        leases: Leases,
+    ) -> Worker {
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         // SAFETY: mallopt only sets a tuning parameter of the allocator.
         unsafe {
             libc::mallopt(libc::M_ARENA_MAX, 2);
         }
-        let (queue, rx) = mpsc::unbounded_channel::<String>();
-        let rx = Arc::new(tokio::sync::Mutex::new(rx));
         let slots = Arc::new(tokio::sync::Semaphore::new(workers.max(1)));
         let memory_mib = (memory >> 20).clamp(64, u32::MAX as u64 >> 4) as u32;
         let memory = Arc::new(tokio::sync::Semaphore::new(memory_mib as usize));
         let worker = Worker {
-            queue,
+            wake: Arc::new(tokio::sync::Notify::new()),
             progress: Arc::new(Mutex::new(HashMap::new())),
             slots,
             checks: Arc::new(tokio::sync::Semaphore::new(2)),
             simulations: Arc::new(tokio::sync::Semaphore::new(2)),
             memory,
             memory_mib,
+            counters,
         };
         for _ in 0..workers.max(1) {
-            let (rx, store, loaded, w) = (rx.clone(), store.clone(), loaded.clone(), worker.clone());
+            let (store, loaded, w, leases) = (store.clone(), loaded.clone(), worker.clone(), leases.clone());
             tokio::spawn(async move {
                 loop {
-                    let Some(id) = rx.lock().await.recv().await else { break };
-                    let Ok(_slot) = w.slots.clone().acquire_owned().await else { break };
-                    w.run(store.clone(), &loaded, &id).await;
+                    let Ok(slot) = w.slots.clone().acquire_owned().await else { break };
+                    let now = unix_now();
+                    match store.meta.claim(&leases.owner, now, now + leases.lease.as_secs() as i64).await {
+                        Ok(Some(claim)) => w.run(store.clone(), &loaded, claim, &leases).await,
+                        Ok(None) => {
+                            drop(slot);
+                            tokio::select! {
+                                _ = w.wake.notified() => {}
+                                _ = tokio::time::sleep(leases.poll) => {}
+                            }
+                        }
+                        Err(e) => {
+                            drop(slot);
+                            tracing::error!(error = %e, "cannot claim a job; trying again");
+                            tokio::time::sleep(leases.poll.max(std::time::Duration::from_secs(1))).await;
+                        }
+                    }
                 }
             });
         }
@@ -99,6 +155,11 @@ impl Worker {
         }
     }
 
+    /// Bytes of the budget free now.
+    pub fn memory_free(&self) -> u64 {
+        (self.memory.available_permits() as u64) << 20
+    }
+
     /// Waits until `bytes` of the memory budget are free and holds them (a request larger than
     /// the whole budget waits for all of it).
     pub async fn reserve_memory(&self, bytes: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
@@ -106,9 +167,10 @@ impl Worker {
         self.memory.clone().acquire_many_owned(mib).await.ok()
     }
 
-    /// Queues the analysis of the uploaded bytes `sha256`.
-    pub fn enqueue(&self, sha256: &str) {
-        let _ = self.queue.send(sha256.to_string());
+    /// Tells idle workers that a job was queued (the job itself is a row of the database).
+    pub fn wake(&self) {
+        self.wake.notify_waiters();
+        self.wake.notify_one();
     }
 
     /// Bytes of the upload `sha256` read so far, while it is being analysed.
@@ -117,29 +179,60 @@ impl Worker {
         p.get(sha256).map(|c| c.load(Ordering::Relaxed))
     }
 
-    /// Analyses the bytes `id` (a sha256) once for every upload of them.
-    async fn run(&self, store: Arc<Store>, loaded: &Loaded, id: &str) {
-        let row = match store.meta.by_sha256(id).await {
-            Ok(Some(row)) if matches!(row.status, Status::Queued | Status::Analyzing) => row,
-            _ => return,
+    /// Analyses the bytes of a claimed job once for every upload of them, renewing the lease
+    /// until the outcome is recorded.
+    async fn run(&self, store: Arc<Store>, loaded: &Loaded, claim: crate::store::Claim, leases: &Leases) {
+        let id = claim.sha256.as_str();
+        if claim.attempts > MAX_ATTEMPTS {
+            tracing::warn!(id, attempts = claim.attempts, "analysis died twice: failed, not resumed");
+            super::metrics::Counters::add(&self.counters.analyses_failed, 1);
+            self.record(&store, id, (Status::Failed, Some(DIED.to_string()), None, None)).await;
+            return;
+        }
+        let renewal = {
+            let (store, id, leases) = (store.clone(), id.to_string(), leases.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(leases.lease / 3).await;
+                    let until = unix_now() + leases.lease.as_secs() as i64;
+                    match store.meta.renew(&id, &leases.owner, until).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::warn!(id, "lost the lease (it ran out, or the upload was deleted)");
+                            break;
+                        }
+                        Err(e) => tracing::error!(id, error = %e, "cannot renew the lease"),
+                    }
+                }
+            })
         };
+        self.analyse_claimed(store, loaded, id).await;
+        renewal.abort();
+    }
+
+    async fn analyse_claimed(&self, store: Arc<Store>, loaded: &Loaded, id: &str) {
+        let Ok(Some(row)) = store.meta.by_sha256(id).await else { return };
         // The first bytes tell a compressed upload (which unpacks to far more) from a plain one.
         let mut head = [0u8; 4];
-        if let Ok(mut f) = store.blobs.open(&row.sha256) {
+        if let Ok(mut f) = store.blobs.open(&row.sha256).await {
             let _ = std::io::Read::read(&mut f, &mut head);
         }
         let estimate = ingest::memory_estimate(row.bytes, &head);
         let memory = self.reserve_memory(estimate).await;
-        if let Err(e) = store.meta.start_attempt(id).await {
-            tracing::error!(id, error = %e, "cannot mark analyzing");
-            return;
-        }
         let counter = Arc::new(AtomicU64::new(0));
         self.progress.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), counter.clone());
         let started = std::time::Instant::now();
-        let outcome = self.analyze(store.clone(), row.sha256.clone(), counter, (memory, estimate)).await;
+        let mut outcome = self.analyze(store.clone(), row.sha256.clone(), counter, (memory, estimate)).await;
+        if outcome.is_ok()
+            && let Err(e) = store.publish_results(id).await
+        {
+            outcome = Err(format!("cannot store the results: {e}"));
+        }
         self.progress.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
-        let (status, error, verdict, summary) = match outcome {
+        let counter = if outcome.is_ok() { &self.counters.analyses_ready } else { &self.counters.analyses_failed };
+        super::metrics::Counters::add(counter, 1);
+        super::metrics::Counters::add(&self.counters.analysis_micros, started.elapsed().as_micros() as u64);
+        let recorded = match outcome {
             Ok((verdict, summary, entry)) => {
                 tracing::info!(id, bytes = row.bytes, seconds = started.elapsed().as_secs_f64(), verdict, "analysed");
                 loaded.put(id, Arc::new(entry));
@@ -150,19 +243,30 @@ impl Worker {
                 (Status::Failed, Some(message), None, None)
             }
         };
-        // Recording can fail too (a full disk fails the database's writes): then it is logged
-        // and tried again every few seconds until it holds, never dropped.
-        let mut wait = std::time::Duration::from_secs(1);
-        while let Err(e) = store.meta.set_status(id, status, error.as_deref(), verdict.as_deref(), summary.as_ref()).await {
-            tracing::error!(id, error = %e, "cannot record the analysis; trying again");
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(std::time::Duration::from_secs(30));
-        }
+        self.record(&store, id, recorded).await;
         trim();
         // Deleted while it ran: drop what it wrote.
         if matches!(store.meta.by_sha256(id).await, Ok(None)) {
             let _ = store.results.delete(id);
+            let _ = store.blobs.delete(id).await;
             loaded.remove(id);
+        }
+    }
+
+    /// Records an outcome and takes the job off the queue. Recording can fail (a full disk
+    /// fails the database's writes): then it is logged and tried again every few seconds until
+    /// it holds, never dropped.
+    async fn record(
+        &self,
+        store: &Store,
+        id: &str,
+        (status, error, verdict, summary): (Status, Option<String>, Option<String>, Option<Summary>),
+    ) {
+        let mut wait = std::time::Duration::from_secs(1);
+        while let Err(e) = store.meta.finish(id, status, error.as_deref(), verdict.as_deref(), summary.as_ref()).await {
+            tracing::error!(id, error = %e, "cannot record the analysis; trying again");
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(std::time::Duration::from_secs(30));
         }
     }
 }
@@ -191,7 +295,7 @@ impl Worker {
         counter: Arc<AtomicU64>,
         (memory, estimate): (Option<tokio::sync::OwnedSemaphorePermit>, u64),
     ) -> Result<(String, Option<Summary>, Entry), String> {
-        let file = store.blobs.open(&sha256).map_err(|e| format!("the upload is missing: {e}"))?;
+        let file = store.blobs.open(&sha256).await.map_err(|e| format!("the upload is missing: {e}"))?;
         let crashed = |e: tokio::task::JoinError| format!("the analysis crashed: {e}");
         let ingested = tokio::task::spawn_blocking(move || {
             let options = ingest::Options { progress: Some(counter), ..ingest::Options::default() };
@@ -234,15 +338,15 @@ mod tests {
     use super::*;
 
     fn worker(mib: u32) -> Worker {
-        let (queue, _) = mpsc::unbounded_channel();
         Worker {
-            queue,
+            wake: Default::default(),
             progress: Default::default(),
             slots: Arc::new(tokio::sync::Semaphore::new(2)),
             checks: Arc::new(tokio::sync::Semaphore::new(2)),
             simulations: Arc::new(tokio::sync::Semaphore::new(2)),
             memory: Arc::new(tokio::sync::Semaphore::new(mib as usize)),
             memory_mib: mib,
+            counters: Default::default(),
         }
     }
 

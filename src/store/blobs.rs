@@ -1,20 +1,83 @@
-//! Uploaded files, content-addressed by sha256, behind [`BlobStore`] so that an object store
-//! (S3, GCS, Azure through the `object_store` crate) can replace the local directory.
+//! Uploaded files, content-addressed by sha256: in a local folder (the default) or in an
+//! object store ([`Remote`]: S3, GCS, Azure), which replicas share.
 //!
 //! A blob appears whole or not at all: uploads are written to a temp file, synced, and then
-//! renamed into place, so a crash mid-write leaves only a temp file, removed at the next start.
+//! renamed into place (or sent to the object store, which makes an object visible only once
+//! complete), so a crash mid-write leaves only a temp file, removed at the next start.
 
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub trait BlobStore: Send + Sync {
+use super::remote::Remote;
+
+/// Where blobs live.
+pub enum Blobs {
+    Local(LocalBlobs),
+    Remote(Remote),
+}
+
+impl Blobs {
     /// Makes the finished file at `temp` the blob `sha256` (consuming `temp`).
-    fn commit(&self, temp: &Path, sha256: &str) -> io::Result<()>;
-    fn open(&self, sha256: &str) -> io::Result<File>;
-    fn delete(&self, sha256: &str) -> io::Result<()>;
-    /// Every stored blob, for removing those no snapshot refers to.
-    fn list(&self) -> io::Result<Vec<String>>;
+    pub async fn commit(&self, temp: PathBuf, sha256: &str) -> io::Result<()> {
+        match self {
+            Blobs::Local(l) => {
+                let (dir, sha) = (l.dir.clone(), sha256.to_string());
+                tokio::task::spawn_blocking(move || LocalBlobs { dir }.commit(&temp, &sha)).await?
+            }
+            Blobs::Remote(r) => r.commit(&temp, sha256).await,
+        }
+    }
+
+    /// The blob, open at its start (fetched into the cache first when remote).
+    pub async fn open(&self, sha256: &str) -> io::Result<File> {
+        match self {
+            Blobs::Local(l) => l.open(sha256),
+            Blobs::Remote(r) => File::open(r.blob(sha256).await?),
+        }
+    }
+
+    /// Deletes a blob (and, when remote, its results in the store).
+    pub async fn delete(&self, sha256: &str) -> io::Result<()> {
+        match self {
+            Blobs::Local(l) => l.delete(sha256),
+            Blobs::Remote(r) => r.delete(sha256).await,
+        }
+    }
+
+    /// Stored blobs that may be removed when no snapshot refers to them: every local one (one
+    /// server writes the folder); remote ones older than an hour (another replica may have
+    /// stored one just now and not yet recorded its upload).
+    pub async fn sweepable(&self) -> io::Result<Vec<String>> {
+        match self {
+            Blobs::Local(l) => l.list(),
+            Blobs::Remote(r) => {
+                r.blobs_before(std::time::SystemTime::now() - std::time::Duration::from_secs(3600)).await
+            }
+        }
+    }
+
+    /// The store answers (for `/readyz`).
+    pub async fn ping(&self) -> io::Result<()> {
+        match self {
+            Blobs::Local(l) => {
+                let m = std::fs::metadata(&l.dir)?;
+                if m.is_dir() && !m.permissions().readonly() {
+                    Ok(())
+                } else {
+                    Err(io::Error::other("not a writable folder"))
+                }
+            }
+            Blobs::Remote(r) => r.ping().await,
+        }
+    }
+
+    pub fn remote(&self) -> Option<&Remote> {
+        match self {
+            Blobs::Local(_) => None,
+            Blobs::Remote(r) => Some(r),
+        }
+    }
 }
 
 /// Blobs under `DIR/ab/abcdef...` (the first two hex digits spread the files).
@@ -31,16 +94,13 @@ impl LocalBlobs {
     /// The path of a blob; `None` unless `sha256` is 64 hex digits, so no request can name a
     /// path outside the directory.
     fn path(&self, sha256: &str) -> Option<PathBuf> {
-        let ok = sha256.len() == 64 && sha256.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
-        ok.then(|| self.dir.join(&sha256[..2]).join(sha256))
+        super::valid_sha256(sha256).then(|| self.dir.join(&sha256[..2]).join(sha256))
     }
 
     fn bad_key() -> io::Error {
         io::Error::new(io::ErrorKind::InvalidInput, "not a sha256")
     }
-}
 
-impl BlobStore for LocalBlobs {
     fn commit(&self, temp: &Path, sha256: &str) -> io::Result<()> {
         let path = self.path(sha256).ok_or_else(Self::bad_key)?;
         let parent = path.parent().ok_or_else(Self::bad_key)?;
@@ -70,32 +130,12 @@ impl BlobStore for LocalBlobs {
             }
             for f in std::fs::read_dir(shard.path())? {
                 if let Some(name) = f?.file_name().to_str()
-                    && self.path(name).is_some() {
-                        out.push(name.to_string());
-                    }
+                    && self.path(name).is_some()
+                {
+                    out.push(name.to_string());
+                }
             }
         }
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_that_are_not_hashes_reach_no_path() {
-        let dir = tempfile::tempdir().unwrap();
-        let blobs = LocalBlobs::new(dir.path().to_path_buf()).unwrap();
-        assert!(blobs.open("../../etc/passwd").is_err());
-        assert!(blobs.path(&"A".repeat(64)).is_none());
-        let sha = "ab".repeat(32);
-        let temp = dir.path().join("t.part");
-        std::fs::write(&temp, b"data").unwrap();
-        blobs.commit(&temp, &sha).unwrap();
-        assert!(!temp.exists());
-        assert_eq!(blobs.list().unwrap(), vec![sha.clone()]);
-        blobs.delete(&sha).unwrap();
-        assert!(blobs.list().unwrap().is_empty());
     }
 }

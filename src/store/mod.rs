@@ -1,9 +1,12 @@
 //! The store: every file write and every SQL query. Nothing else touches the data directory.
 //!
-//! - `blobs`: uploads, content-addressed by sha256 ([`BlobStore`], local by default).
-//! - `meta`: snapshot and run metadata in SQLite. Each upload has its own random id, name and
-//!   note; uploads of the same bytes share one blob and one analysis.
-//! - `results`: what an analysis leaves, by sha256 (a cache: it can be recomputed from the blob).
+//! - `blobs`: uploads, content-addressed by sha256 ([`Blobs`]: a local folder by default, or an
+//!   object store through `remote`).
+//! - `meta`: snapshot and run metadata and the analysis queue, in SQLite (default) or
+//!   PostgreSQL. Each upload has its own random id, name and note; uploads of the same bytes
+//!   share one blob and one analysis.
+//! - `results`: what an analysis leaves, by sha256 (a cache: it can be recomputed from the
+//!   blob); with an object store they are uploaded there and `DATA/cache/` keeps local copies.
 //!
 //! Layout: `DATA/fragscope.db`, `DATA/blobs/ab/ab…`, `DATA/results/SHA256/`, `DATA/tmp/` (uploads
 //! in progress; emptied at start). Crash safety: an upload is renamed into place only once
@@ -12,14 +15,14 @@
 
 mod blobs;
 mod meta;
+mod remote;
 mod results;
 
-pub use blobs::{BlobStore, LocalBlobs};
-pub use meta::{Meta, RunRow, SnapshotRow, Status};
+pub use blobs::{Blobs, LocalBlobs};
+pub use meta::{Claim, Meta, RunRow, SnapshotRow, Status, redact};
 pub use results::{Results, Written};
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -29,6 +32,11 @@ pub enum StoreError {
     Io(#[from] std::io::Error),
     #[error("stored results are unreadable: {0}")]
     Corrupt(String),
+    /// A setting that cannot work (a database or blob store URL).
+    #[error("{0}")]
+    Config(String),
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("background task failed")]
     Task(#[from] tokio::task::JoinError),
 }
@@ -94,9 +102,20 @@ pub struct Deleted {
     pub last: bool,
 }
 
+/// Where the store keeps things besides the data folder.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// `sqlite://…` or `postgres://…`; None: `DATA/fragscope.db`.
+    pub database_url: Option<String>,
+    /// `s3://bucket/prefix` (or `gs://`, `az://`); None: `DATA/blobs` and `DATA/results`.
+    pub blob_store: Option<String>,
+    /// The most bytes of remote blobs and results kept in `DATA/cache`.
+    pub cache_bytes: u64,
+}
+
 pub struct Store {
     pub meta: Meta,
-    pub blobs: Arc<dyn BlobStore>,
+    pub blobs: Blobs,
     pub results: Results,
     tmp: PathBuf,
     /// Held while an upload joins stored bytes or a delete removes them, so neither sees the
@@ -105,13 +124,29 @@ pub struct Store {
 }
 
 impl Store {
+    /// The single-machine store: SQLite and folders under `data_dir`.
+    #[cfg(test)]
     pub async fn open(data_dir: &std::path::Path) -> Result<Store, StoreError> {
+        Store::open_with(data_dir, &Options::default()).await
+    }
+
+    pub async fn open_with(data_dir: &std::path::Path, options: &Options) -> Result<Store, StoreError> {
         std::fs::create_dir_all(data_dir)?;
         let tmp = data_dir.join("tmp");
         std::fs::create_dir_all(&tmp)?;
-        let meta = Meta::open(&data_dir.join("fragscope.db")).await?;
-        let blobs = Arc::new(LocalBlobs::new(data_dir.join("blobs"))?);
-        let results = Results::new(data_dir.join("results"))?;
+        let meta = match &options.database_url {
+            Some(url) => Meta::connect(url).await?,
+            None => Meta::open(&data_dir.join("fragscope.db")).await?,
+        };
+        let (blobs, results) = match &options.blob_store {
+            None => (Blobs::Local(LocalBlobs::new(data_dir.join("blobs"))?), Results::new(data_dir.join("results"))?),
+            Some(url) => {
+                let remote = remote::Remote::from_url(url, data_dir.join("cache"), options.cache_bytes)
+                    .map_err(|e| StoreError::Config(e.to_string()))?;
+                let results = Results::new(remote.cache.results_dir())?;
+                (Blobs::Remote(remote), results)
+            }
+        };
         let store = Store { meta, blobs, results, tmp, gate: tokio::sync::Mutex::new(()) };
         store.rekey_results().await?;
         Ok(store)
@@ -138,9 +173,9 @@ impl Store {
         }
         self.results.clean_partial()?;
         let shas: std::collections::HashSet<String> = self.meta.all_sha256().await?.into_iter().collect();
-        for sha in self.blobs.list()? {
+        for sha in self.blobs.sweepable().await? {
             if !shas.contains(&sha) {
-                self.blobs.delete(&sha)?;
+                self.blobs.delete(&sha).await?;
             }
         }
         // Results of content no upload refers to any more (a delete the stop interrupted).
@@ -198,11 +233,30 @@ impl Store {
             let _ = std::fs::remove_file(&temp);
             return Ok((copied, false));
         }
-        let blobs = self.blobs.clone();
-        let sha = sha256.clone();
-        tokio::task::spawn_blocking(move || blobs.commit(&temp, &sha)).await??;
-        self.meta.insert(&row).await?;
-        Ok((row, true))
+        // Stored before its row: a crash between leaves a blob no row names, swept later.
+        // Storing is idempotent (the key is the content's hash), so two replicas may both.
+        self.blobs.commit(temp, &sha256).await?;
+        self.meta.add(&row).await
+    }
+
+    /// Makes the results of `sha256` readable on this machine: a no-op for the local folder;
+    /// with an object store, fetched into the cache unless there already.
+    pub async fn local_results(&self, sha256: &str) -> Result<(), StoreError> {
+        let Some(remote) = self.blobs.remote() else { return Ok(()) };
+        let dir = self.results.path(sha256);
+        if self.results.has(sha256) {
+            remote.cache.touch(&dir);
+            return Ok(());
+        }
+        Ok(remote.get_results(sha256, &dir).await?)
+    }
+
+    /// Sends the results just written on this machine to the object store, if there is one.
+    pub async fn publish_results(&self, sha256: &str) -> Result<(), StoreError> {
+        if let Some(remote) = self.blobs.remote() {
+            remote.put_results(sha256, &self.results.path(sha256)).await?;
+        }
+        Ok(())
     }
 
     /// Deletes an upload: its row first (the link stops working at once), then, if it was the
@@ -212,7 +266,7 @@ impl Store {
         let Some((sha256, left)) = self.meta.delete(id).await? else { return Ok(None) };
         if left == 0 {
             self.results.delete(&sha256)?;
-            self.blobs.delete(&sha256)?;
+            self.blobs.delete(&sha256).await?;
         }
         Ok(Some(Deleted { sha256, last: left == 0 }))
     }

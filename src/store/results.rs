@@ -31,7 +31,15 @@ pub struct Results {
 }
 
 /// The analysis document's file name.
-const ANALYSIS: &str = "analysis.json";
+pub(super) const ANALYSIS: &str = "analysis.json";
+
+/// A file name a result folder may hold (what arrives from an object store is checked).
+pub(super) fn safe_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() < 100
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && !name.starts_with('.')
+}
 
 /// What one analysis leaves: the document, the segment maps a page opens first (device, the
 /// event they follow or None for the end, JSON bytes), one timeline per device.
@@ -55,7 +63,8 @@ impl Results {
         Ok(Results { dir })
     }
 
-    fn path(&self, key: &str) -> PathBuf {
+    /// The folder of one content's results (it may not exist).
+    pub fn path(&self, key: &str) -> PathBuf {
         debug_assert!(super::valid_sha256(key));
         self.dir.join(key)
     }
@@ -75,6 +84,11 @@ impl Results {
             let _ = std::fs::remove_dir_all(&temp);
         }
         written
+    }
+
+    /// True when the results of `key` are on this machine.
+    pub fn has(&self, key: &str) -> bool {
+        self.path(key).join(ANALYSIS).exists()
     }
 
     /// The analysis document as stored (the API serves these bytes as they are).

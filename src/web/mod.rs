@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use tower_http::compression::CompressionLayer;
 use tower_http::set_header::SetResponseHeaderLayer;
@@ -75,7 +76,11 @@ impl AppState {
     pub(crate) async fn ready(&self, id: &str) -> Result<SnapshotRow, ApiError> {
         let row = self.row(id).await?;
         match row.status {
-            Status::Ready => Ok(row),
+            Status::Ready => {
+                // With an object store, this replica may not have the results on its disk yet.
+                self.service.store.local_results(&row.sha256).await?;
+                Ok(row)
+            }
             Status::Failed => Err(ApiError::Failed(row.error.unwrap_or_default())),
             s => Err(ApiError::NotReady(format!("the analysis is {}", s.as_str()))),
         }
@@ -101,12 +106,31 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/static/{*path}", axum::routing::get(assets::serve))
         .route("/favicon.ico", axum::routing::get(assets::favicon))
         .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route("/readyz", axum::routing::get(readyz))
+        .route("/metrics", axum::routing::get(metrics))
         .fallback(not_found)
         .with_state(state);
     for (name, value) in headers {
         app = app.layer(SetResponseHeaderLayer::if_not_present(name, HeaderValue::from_static(value)));
     }
     app.layer(CompressionLayer::new()).layer(TraceLayer::new_for_http())
+}
+
+/// 200 when the database and the blob store answer, else 503 naming which does not: what a
+/// load balancer asks before it sends this replica traffic.
+async fn readyz(State(app): State<AppState>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match app.service.ready().await {
+        Ok(()) => "ready".into_response(),
+        Err(why) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
+    }
+}
+
+/// The Prometheus text exposition.
+async fn metrics(State(app): State<AppState>) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let text = app.service.metrics().await?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
 }
 
 /// Unknown paths: JSON under /api, a page elsewhere.
@@ -122,11 +146,24 @@ async fn not_found(uri: axum::http::Uri) -> axum::response::Response {
 /// Opens the store (cleaning what a crash left), starts the service (restarting unfinished
 /// analyses) and makes the application's state: what `serve` runs, and tests in process.
 pub(crate) async fn state(config: Config) -> Result<AppState, Box<dyn std::error::Error>> {
-    let store = Arc::new(Store::open(&config.data_dir).await?);
+    let options = crate::store::Options {
+        database_url: config.database_url.clone(),
+        blob_store: config.blob_store.clone(),
+        cache_bytes: config.cache_size,
+    };
+    let store = Arc::new(Store::open_with(&config.data_dir, &options).await?);
     store.clean_after_crash().await?;
     let budget = config.memory_budget();
-    let service = Service::start(store, config.analysis_workers, config.loaded_snapshots, budget).await?;
+    let leases = crate::service::worker::Leases {
+        lease: Duration::from_secs(config.lease_seconds.max(3)),
+        ..Default::default()
+    };
+    let service = Service::start(store, (config.analysis_workers, config.loaded_snapshots, budget), leases).await?;
     tracing::info!(budget_mib = budget >> 20, "memory budget");
+    let database =
+        config.database_url.as_deref().map(crate::store::redact).unwrap_or_else(|| "sqlite (data folder)".into());
+    let blobs = config.blob_store.clone().unwrap_or_else(|| "data folder".into());
+    tracing::info!(database, blobs, "store");
     Ok(AppState(Arc::new(Inner { config, service })))
 }
 
@@ -177,22 +214,38 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-/// Deletes snapshots older than `days`, hourly.
+/// The advisory lock that lets one replica at a time run the retention pass.
+const RETENTION_LOCK: i64 = 0x6672_6167_7265_7431;
+
+/// Deletes snapshots older than `days`, hourly, on one replica at a time.
 async fn retention(service: Service, days: u64) {
     let mut tick = tokio::time::interval(Duration::from_secs(3600));
     loop {
         tick.tick().await;
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        let cutoff = now.saturating_sub(days * 86400) as i64;
-        match service.store.meta.created_before(cutoff).await {
-            Ok(ids) => {
-                for id in ids {
-                    if service.delete(&id).await.is_ok() {
-                        tracing::info!(id, "deleted: older than the retention period");
-                    }
-                }
-            }
+        let pass = retention_pass(&service, days);
+        match service.store.meta.exclusively(RETENTION_LOCK, pass).await {
+            Ok(Some(deleted)) => tracing::info!(deleted, "retention pass"),
+            Ok(None) => tracing::info!("retention pass: another replica is running it"),
             Err(e) => tracing::error!(error = %e, "retention check failed"),
         }
     }
+}
+
+/// Deletes what is older than `days`; how many uploads it deleted.
+async fn retention_pass(service: &Service, days: u64) -> usize {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let cutoff = now.saturating_sub(days * 86400) as i64;
+    let mut deleted = 0;
+    match service.store.meta.created_before(cutoff).await {
+        Ok(ids) => {
+            for id in ids {
+                if let Ok(true) = service.delete(&id).await {
+                    deleted += 1;
+                    tracing::info!(id, "deleted: older than the retention period");
+                }
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "retention check failed"),
+    }
+    deleted
 }

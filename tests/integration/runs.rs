@@ -37,7 +37,7 @@ fn wait_run(server: &TestServer, id: &str, ranks: u64) -> Value {
 }
 
 #[test]
-fn a_job_s_ranks_make_one_run_that_names_the_oom_rank() {
+pub fn a_job_s_ranks_make_one_run_that_names_the_oom_rank() {
     let server = TestServer::start(&[]);
     let mut run_id = None;
     let mut truths = Vec::new();
@@ -108,7 +108,7 @@ fn a_job_s_ranks_make_one_run_that_names_the_oom_rank() {
 }
 
 #[test]
-fn form_fields_group_ranks_and_the_same_bytes_twice_are_two_ranks() {
+pub fn form_fields_group_ranks_and_the_same_bytes_twice_are_two_ranks() {
     let server = TestServer::start(&[]);
     let client = TestServer::client();
     let mut ids = Vec::new();
@@ -128,19 +128,24 @@ fn form_fields_group_ranks_and_the_same_bytes_twice_are_two_ranks() {
     }
     assert_ne!(ids[1], ids[2]);
     let view = wait_run(&server, &run, 3);
-    let peaks: Vec<u64> = view["ranks"].as_array().unwrap().iter().map(|r| r["peak_reserved_bytes"].as_u64().unwrap()).collect();
+    let peaks: Vec<u64> =
+        view["ranks"].as_array().unwrap().iter().map(|r| r["peak_reserved_bytes"].as_u64().unwrap()).collect();
     let truth1 = truth("ddp_rank1")["memory_stats"]["reserved_bytes.all.peak"].as_u64().unwrap();
     assert_eq!(peaks[1], truth1);
     assert_eq!(peaks[2], truth1);
     assert_eq!(view["summary"]["oom_ranks"], serde_json::json!([]));
     // A rank that is not a number is refused, naming it.
-    let r = client.post(server.url("/api/v1/snapshots?run=x&rank=first")).body(std::fs::read(snapshot_path("ddp_rank0")).unwrap()).send().unwrap();
+    let r = client
+        .post(server.url("/api/v1/snapshots?run=x&rank=first"))
+        .body(std::fs::read(snapshot_path("ddp_rank0")).unwrap())
+        .send()
+        .unwrap();
     assert_eq!(r.status().as_u16(), 400);
     assert!(r.text().unwrap().contains("rank"));
 }
 
 #[test]
-fn comparing_a_run_and_its_remedy_shows_the_oom_gone_and_the_peak_change() {
+pub fn comparing_a_run_and_its_remedy_shows_the_oom_gone_and_the_peak_change() {
     let server = TestServer::start(&[]);
     let a = server.upload(&snapshot_path("seed_frag_default"))["id"].as_str().unwrap().to_string();
     let b = server.upload(&snapshot_path("seed_frag_expandable"))["id"].as_str().unwrap().to_string();

@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::util::*;
 
 #[test]
-fn every_upload_form_works_and_the_same_bytes_are_analysed_once_under_their_own_ids() {
+pub fn every_upload_form_works_and_the_same_bytes_are_analysed_once_under_their_own_ids() {
     let server = TestServer::start(&[]);
     let client = TestServer::client();
     // curl --data-binary @f
@@ -55,11 +55,14 @@ fn every_upload_form_works_and_the_same_bytes_are_analysed_once_under_their_own_
     let diagnosis = server.get_json(&format!("/api/v1/snapshots/{second}/diagnosis"));
     assert!(diagnosis.to_string().contains("fragmentation"), "{diagnosis}");
     let blob = client.get(server.url(&format!("/api/v1/snapshots/{second}/blob"))).send().unwrap();
-    assert_eq!(blob.bytes().unwrap().len() as u64, std::fs::metadata(snapshot_path("seed_frag_default")).unwrap().len());
+    assert_eq!(
+        blob.bytes().unwrap().len() as u64,
+        std::fs::metadata(snapshot_path("seed_frag_default")).unwrap().len()
+    );
 }
 
 #[test]
-fn big_uploads_answer_at_once_and_report_progress() {
+pub fn big_uploads_answer_at_once_and_report_progress() {
     let server = TestServer::start(&["--analysis-workers", "1"]);
     // ~58 MB: over the size checked before answering, so it is analysed in the background.
     let bytes = synthetic_snapshot(600_000);
@@ -145,7 +148,7 @@ fn uploads_over_the_limit_get_413_and_nothing_is_kept() {
 }
 
 #[test]
-fn a_restart_serves_every_link_without_parsing_again() {
+pub fn a_restart_serves_every_link_without_parsing_again() {
     let mut server = TestServer::start(&[]);
     let mut ids = Vec::new();
     for name in ["seed_frag_default", "two_devices"] {
@@ -172,7 +175,7 @@ fn a_restart_serves_every_link_without_parsing_again() {
 }
 
 #[test]
-fn bad_input_gets_a_4xx_naming_the_problem_and_the_server_keeps_serving() {
+pub fn bad_input_gets_a_4xx_naming_the_problem_and_the_server_keeps_serving() {
     let server = TestServer::start(&[]);
     let cases = [
         ("global_reduce.pickle", 400, "GLOBAL"),
@@ -214,7 +217,7 @@ fn bad_input_gets_a_4xx_naming_the_problem_and_the_server_keeps_serving() {
 }
 
 #[test]
-fn the_token_guards_uploads_lists_and_deletes_but_not_links() {
+pub fn the_token_guards_uploads_lists_and_deletes_but_not_links() {
     let server = TestServer::start(&["--token", "s3cret"]);
     let c = TestServer::client();
     let body = || std::fs::read(snapshot_path("seed_frag_default")).unwrap();
@@ -257,7 +260,7 @@ fn delete_removes_the_blob_the_results_and_the_link() {
 }
 
 #[test]
-fn the_api_numbers_equal_the_cli_numbers() {
+pub fn the_api_numbers_equal_the_cli_numbers() {
     let server = TestServer::start(&[]);
     for name in ["seed_frag_default", "two_devices", "ring_truncated", "train_gpt_default"] {
         let path = snapshot_path(name);
@@ -272,7 +275,7 @@ fn the_api_numbers_equal_the_cli_numbers() {
 }
 
 #[test]
-fn views_answer_with_hex_addresses_and_binary_timelines() {
+pub fn views_answer_with_hex_addresses_and_binary_timelines() {
     let server = TestServer::start(&[]);
     let id = server.upload(&snapshot_path("seed_frag_default"))["id"].as_str().unwrap().to_string();
     server.wait_done(&id);

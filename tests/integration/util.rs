@@ -129,6 +129,27 @@ pub struct TestServer {
     _dir: Option<tempfile::TempDir>,
 }
 
+thread_local! {
+    /// Set while a test runs on Postgres and S3 (see [`on_team_engines`]): every server the
+    /// test starts on this thread then uses them.
+    static TEAM: std::cell::RefCell<Option<std::rc::Rc<super::engines::Team>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs a server test with every server it starts on a fresh Postgres and S3 server, instead
+/// of SQLite and the data folder. Skips (saying why) where the engines are missing.
+pub fn on_team_engines(test: fn()) {
+    let Some(team) = super::engines::Team::start() else { return };
+    TEAM.with(|t| *t.borrow_mut() = Some(std::rc::Rc::new(team)));
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            TEAM.with(|t| *t.borrow_mut() = None);
+        }
+    }
+    let _reset = Reset;
+    test();
+}
+
 impl TestServer {
     pub fn start(args: &[&str]) -> TestServer {
         let dir = tempfile::tempdir().unwrap();
@@ -140,12 +161,27 @@ impl TestServer {
 
     /// Starts on an existing data dir (to test restarts).
     pub fn start_in(data: &Path, args: &[&str]) -> TestServer {
+        let team = TEAM.with(|t| t.borrow().clone());
+        match team {
+            Some(team) => {
+                let mut all: Vec<String> = team.args();
+                all.extend(args.iter().map(|a| a.to_string()));
+                let all: Vec<&str> = all.iter().map(String::as_str).collect();
+                TestServer::start_with(data, &all, &team.s3.env())
+            }
+            None => TestServer::start_with(data, args, &[]),
+        }
+    }
+
+    /// Starts with more environment (a replica's S3 settings).
+    pub fn start_with(data: &Path, args: &[&str], env: &[(&str, String)]) -> TestServer {
         use std::io::BufRead;
         let mut child = Command::new(bin())
             .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
             .arg(data)
             .args(args)
             .env("FRAGSCOPE_LOG", "warn")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

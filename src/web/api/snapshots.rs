@@ -174,7 +174,7 @@ pub(crate) async fn delete(
 /// The original upload, as an attachment (never rendered by the browser).
 pub(crate) async fn blob(State(app): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let row = app.row(&id).await?;
-    let (file, filename) = app.service.download(&row)?;
+    let (file, filename) = app.service.download(&row).await?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     Ok((
         [

@@ -1,0 +1,489 @@
+//! Snapshot metadata and the analysis queue, in SQLite (the default, a file in the data folder)
+//! or PostgreSQL (for several replicas), through sqlx's `Any` driver: one text per query, with
+//! `$1` placeholders both engines read. Every SQL query of fragscope is in this folder.
+//!
+//! Migrations are compiled in (`migrations/sqlite`, `migrations/postgres`) and run at start by
+//! sqlx's migrator, which holds a lock while it runs so replicas starting at once migrate once.
+
+mod queue;
+mod runs;
+
+pub use queue::Claim;
+
+use serde::Serialize;
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{AnyPool, Executor, Row, SqlSafeStr};
+
+use super::StoreError;
+use crate::analysis::summary::Summary;
+
+/// The engine behind the pool: a few statements differ (row locks, advisory locks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+}
+
+fn migration(version: i64, description: &'static str, sql: &'static str) -> Migration {
+    Migration::new(version, description.into(), MigrationType::Simple, sql.into_sql_str(), false)
+}
+
+fn migrator(engine: Engine) -> Migrator {
+    Migrator::with_migrations(match engine {
+        Engine::Sqlite => vec![
+            migration(1, "snapshots", include_str!("../../../migrations/sqlite/0001_snapshots.sql")),
+            migration(2, "runs", include_str!("../../../migrations/sqlite/0002_runs.sql")),
+            migration(3, "attempts", include_str!("../../../migrations/sqlite/0003_attempts.sql")),
+            migration(4, "queue", include_str!("../../../migrations/sqlite/0004_queue.sql")),
+        ],
+        Engine::Postgres => vec![migration(1, "schema", include_str!("../../../migrations/postgres/0001_schema.sql"))],
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Queued,
+    Analyzing,
+    Ready,
+    Failed,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Queued => "queued",
+            Status::Analyzing => "analyzing",
+            Status::Ready => "ready",
+            Status::Failed => "failed",
+        }
+    }
+    fn parse(s: &str) -> Status {
+        match s {
+            "queued" => Status::Queued,
+            "analyzing" => Status::Analyzing,
+            "ready" => Status::Ready,
+            _ => Status::Failed,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotRow {
+    pub id: String,
+    pub sha256: String,
+    pub name: String,
+    pub note: String,
+    pub bytes: u64,
+    pub status: Status,
+    pub error: Option<String>,
+    /// The diagnosis verdict of the first device, once ready.
+    pub verdict: Option<String>,
+    /// Unix seconds.
+    pub created_at: i64,
+    /// The run it belongs to, if uploaded with a run key.
+    pub run_id: Option<String>,
+    /// Its rank in that run.
+    pub rank: Option<i64>,
+    /// Its one-line summary, once ready (None for analyses stored before summaries).
+    pub summary: Option<Summary>,
+}
+
+/// A group of uploads: one job's ranks.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRow {
+    pub id: String,
+    /// What the job's ranks have in common (a job id), as the uploads gave it.
+    pub key: String,
+    /// Unix seconds.
+    pub created_at: i64,
+}
+
+fn run_row(r: &AnyRow) -> Result<RunRow, sqlx::Error> {
+    Ok(RunRow { id: r.try_get("id")?, key: r.try_get("key")?, created_at: r.try_get("created_at")? })
+}
+
+fn summary_json(s: Option<&Summary>) -> Option<String> {
+    s.and_then(|s| serde_json::to_string(s).ok())
+}
+
+pub struct Meta {
+    pool: AnyPool,
+    engine: Engine,
+}
+
+fn row(r: &AnyRow) -> Result<SnapshotRow, sqlx::Error> {
+    Ok(SnapshotRow {
+        id: r.try_get("id")?,
+        sha256: r.try_get("sha256")?,
+        name: r.try_get("name")?,
+        note: r.try_get("note")?,
+        bytes: r.try_get::<i64, _>("bytes")? as u64,
+        status: Status::parse(&r.try_get::<String, _>("status")?),
+        error: r.try_get("error")?,
+        verdict: r.try_get("verdict")?,
+        created_at: r.try_get("created_at")?,
+        run_id: r.try_get("run_id")?,
+        rank: r.try_get("rank")?,
+        // A summary this version cannot read is recomputed from the analysis, not an error.
+        summary: r.try_get::<Option<String>, _>("summary")?.and_then(|s| serde_json::from_str(&s).ok()),
+    })
+}
+
+impl Meta {
+    /// Opens the SQLite file at `path` (made if missing).
+    pub async fn open(path: &std::path::Path) -> Result<Meta, StoreError> {
+        Meta::connect(&sqlite_url(path)).await
+    }
+
+    /// Connects to `sqlite://PATH` or `postgres://…` and migrates.
+    pub async fn connect(url: &str) -> Result<Meta, StoreError> {
+        sqlx::any::install_default_drivers();
+        let engine = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Engine::Postgres
+        } else if url.starts_with("sqlite:") {
+            Engine::Sqlite
+        } else {
+            return Err(StoreError::Config(format!(
+                "a database URL starts with sqlite:// or postgres://, not {:?}",
+                redact(url)
+            )));
+        };
+        let options = AnyPoolOptions::new()
+            .max_connections(if engine == Engine::Sqlite { 4 } else { 8 })
+            .acquire_timeout(std::time::Duration::from_secs(10));
+        let options = if engine == Engine::Sqlite {
+            // Readers stay unblocked while a row changes; writers wait for each other.
+            options.after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 10000")
+                        .await
+                        .map(|_| ())
+                })
+            })
+        } else {
+            options
+        };
+        let pool = options.connect(url).await?;
+        let mut conn = pool.acquire().await?;
+        let m = migrator(engine);
+        if engine == Engine::Sqlite {
+            // Versions before sqlx's migrator counted their migrations in `user_version`: mark
+            // those as done, once.
+            let legacy: i64 = sqlx::query_scalar("PRAGMA user_version").fetch_one(&mut *conn).await?;
+            let table: Option<String> =
+                sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'")
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            if legacy > 0 && table.is_none() {
+                m.skip(&mut *conn, Some(legacy)).await?;
+            }
+        }
+        m.run(&mut *conn).await?;
+        drop(conn);
+        Ok(Meta { pool, engine })
+    }
+}
+
+/// The columns every query reads, as a literal (sqlx takes only literal SQL).
+macro_rules! columns {
+    () => {
+        "id, sha256, name, note, bytes, status, error, verdict, created_at, run_id, rank, summary"
+    };
+}
+use columns;
+
+/// `sqlite://PATH?mode=rwc` for a file path, its bytes percent-encoded where a URL needs it.
+fn sqlite_url(path: &std::path::Path) -> String {
+    let mut url = String::from("sqlite://");
+    for b in path.to_string_lossy().bytes() {
+        if b.is_ascii_alphanumeric() || b"/._-".contains(&b) {
+            url.push(b as char);
+        } else {
+            url.push_str(&format!("%{b:02X}"));
+        }
+    }
+    url.push_str("?mode=rwc");
+    url
+}
+
+/// A database URL without its password, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => match url[s + 3..at].find(':') {
+            Some(c) => format!("{}:***{}", &url[..s + 3 + c], &url[at..]),
+            None => url.to_string(),
+        },
+        _ => url.to_string(),
+    }
+}
+
+type Conn = sqlx::AnyConnection;
+
+async fn insert(c: &mut Conn, r: &SnapshotRow) -> Result<(), sqlx::Error> {
+    sqlx::query(concat!(
+        "INSERT INTO snapshots (",
+        columns!(),
+        ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+    ))
+    .bind(&r.id)
+    .bind(&r.sha256)
+    .bind(&r.name)
+    .bind(&r.note)
+    .bind(r.bytes as i64)
+    .bind(r.status.as_str())
+    .bind(&r.error)
+    .bind(&r.verdict)
+    .bind(r.created_at)
+    .bind(&r.run_id)
+    .bind(r.rank)
+    .bind(summary_json(r.summary.as_ref()))
+    .execute(c)
+    .await?;
+    Ok(())
+}
+
+async fn get(c: &mut Conn, id: &str) -> Result<Option<SnapshotRow>, sqlx::Error> {
+    let r =
+        sqlx::query(concat!("SELECT ", columns!(), " FROM snapshots WHERE id = $1")).bind(id).fetch_optional(c).await?;
+    r.as_ref().map(row).transpose()
+}
+
+/// `r` with the analysis state of the first upload of the same bytes, in one statement (so an
+/// analysis finishing meanwhile updates it or is copied); None when there is no such upload.
+async fn insert_copy(c: &mut Conn, r: &SnapshotRow) -> Result<Option<SnapshotRow>, sqlx::Error> {
+    let done = sqlx::query(
+        "INSERT INTO snapshots (id, sha256, name, note, bytes, status, error, verdict, created_at, run_id, rank, summary)
+         SELECT $1, sha256, $2, $3, bytes, status, error, verdict, $4, $5, $6, summary
+         FROM snapshots WHERE sha256 = $7 ORDER BY created_at, id LIMIT 1",
+    )
+    .bind(&r.id)
+    .bind(&r.name)
+    .bind(&r.note)
+    .bind(r.created_at)
+    .bind(&r.run_id)
+    .bind(r.rank)
+    .bind(&r.sha256)
+    .execute(&mut *c)
+    .await?;
+    if done.rows_affected() == 0 {
+        return Ok(None);
+    }
+    get(c, &r.id).await
+}
+
+impl Meta {
+    /// A new upload of bytes already stored, sharing their analysis; None when no upload of
+    /// them is left.
+    pub async fn insert_copy(&self, r: &SnapshotRow) -> Result<Option<SnapshotRow>, StoreError> {
+        let mut c = self.pool.acquire().await?;
+        Ok(insert_copy(&mut c, r).await?)
+    }
+
+    /// Adds an upload whose blob is stored. The content's key is claimed with a unique
+    /// constraint, in one transaction: the first upload of some bytes is inserted queued and
+    /// its analysis queued; any other (a replica that took the same bytes at the same moment)
+    /// waits for it and joins it. Returns the row and whether it was the first.
+    pub async fn add(&self, r: &SnapshotRow) -> Result<(SnapshotRow, bool), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let won =
+            sqlx::query("INSERT INTO contents (sha256, created_at) VALUES ($1, $2) ON CONFLICT (sha256) DO NOTHING")
+                .bind(&r.sha256)
+                .bind(r.created_at)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                == 1;
+        if !won && let Some(copy) = insert_copy(&mut tx, r).await? {
+            tx.commit().await?;
+            return Ok((copy, false));
+        }
+        insert(&mut tx, r).await?;
+        queue::enqueue(&mut tx, &r.sha256, r.created_at).await?;
+        tx.commit().await?;
+        Ok((r.clone(), true))
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<SnapshotRow>, StoreError> {
+        let mut c = self.pool.acquire().await?;
+        Ok(get(&mut c, id).await?)
+    }
+
+    pub async fn by_sha256(&self, sha256: &str) -> Result<Option<SnapshotRow>, StoreError> {
+        let r = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM snapshots WHERE sha256 = $1 ORDER BY created_at, id LIMIT 1"
+        ))
+        .bind(sha256)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(r.as_ref().map(row).transpose()?)
+    }
+
+    /// Newest first.
+    pub async fn list(&self, limit: u32, offset: u32) -> Result<Vec<SnapshotRow>, StoreError> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM snapshots ORDER BY created_at DESC, id LIMIT $1 OFFSET $2"
+        ))
+        .bind(limit as i64)
+        .bind(offset as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(row).collect::<Result<_, _>>()?)
+    }
+
+    /// Deletes an upload; the number of uploads of the same bytes left, or None when there
+    /// was no such upload. The last one takes the content's key and queued analysis with it.
+    pub async fn delete(&self, id: &str) -> Result<Option<(String, u64)>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let sha: Option<String> = sqlx::query_scalar("DELETE FROM snapshots WHERE id = $1 RETURNING sha256")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(sha) = sha else { return Ok(None) };
+        let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM snapshots WHERE sha256 = $1")
+            .bind(&sha)
+            .fetch_one(&mut *tx)
+            .await?;
+        if left == 0 {
+            sqlx::query("DELETE FROM contents WHERE sha256 = $1").bind(&sha).execute(&mut *tx).await?;
+            sqlx::query("DELETE FROM jobs WHERE sha256 = $1").bind(&sha).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(Some((sha, left as u64)))
+    }
+
+    /// Records a summary computed after the fact (for analyses stored before summaries).
+    pub async fn set_summary(&self, sha256: &str, summary: &Summary) -> Result<(), StoreError> {
+        sqlx::query("UPDATE snapshots SET summary = $1 WHERE sha256 = $2")
+            .bind(summary_json(Some(summary)))
+            .bind(sha256)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn created_before(&self, unix_seconds: i64) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query("SELECT id FROM snapshots WHERE created_at < $1")
+            .bind(unix_seconds)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(|r| r.try_get("id")).collect::<Result<_, _>>()?)
+    }
+
+    /// The content some upload refers to.
+    pub async fn all_sha256(&self) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query("SELECT DISTINCT sha256 FROM snapshots").fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(|r| r.try_get("sha256")).collect::<Result<_, _>>()?)
+    }
+
+    /// Uploads by status, distinct stored bytes, and runs: the gauges of `/metrics`.
+    pub async fn gauges(&self) -> Result<(Vec<(String, u64)>, u64, u64), StoreError> {
+        let rows = sqlx::query("SELECT status, COUNT(*) AS n FROM snapshots GROUP BY status ORDER BY status")
+            .fetch_all(&self.pool)
+            .await?;
+        let by_status = rows
+            .iter()
+            .map(|r| Ok((r.try_get::<String, _>("status")?, r.try_get::<i64, _>("n")? as u64)))
+            .collect::<Result<_, sqlx::Error>>()?;
+        // Postgres sums BIGINTs into a NUMERIC: cast back.
+        let stored: Option<i64> = sqlx::query_scalar(
+            "SELECT CAST(SUM(b) AS BIGINT) FROM (SELECT MAX(bytes) AS b FROM snapshots GROUP BY sha256) AS per_content",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let runs: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM runs").fetch_one(&self.pool).await?;
+        Ok((by_status, stored.unwrap_or(0) as u64, runs as u64))
+    }
+
+    /// The database answers.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A database written by versions that counted migrations in `user_version` opens: its
+    /// rows stay, and an analysis it left queued is on the new queue.
+    #[tokio::test]
+    async fn a_database_from_before_the_migrator_is_carried_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fragscope.db");
+        {
+            let pool = AnyPoolOptions::new().max_connections(1);
+            sqlx::any::install_default_drivers();
+            let pool = pool.connect(&sqlite_url(&path)).await.unwrap();
+            for sql in [
+                include_str!("../../../migrations/sqlite/0001_snapshots.sql"),
+                include_str!("../../../migrations/sqlite/0002_runs.sql"),
+                include_str!("../../../migrations/sqlite/0003_attempts.sql"),
+            ] {
+                sqlx::raw_sql(sql).execute(&pool).await.unwrap();
+            }
+            sqlx::raw_sql(
+                "INSERT INTO snapshots (id, sha256, name, bytes, status, created_at, attempts)
+                 VALUES ('a', 'ab', 'old', 10, 'ready', 1, 1), ('b', 'cd', 'queued one', 20, 'analyzing', 2, 1);
+                 PRAGMA user_version = 3;",
+            )
+            .execute(&pool)
+            .await
+            .unwrap();
+            pool.close().await;
+        }
+        let meta = Meta::open(&path).await.unwrap();
+        assert_eq!(meta.get("a").await.unwrap().unwrap().name, "old");
+        let claim = meta.claim("me", 10, 70).await.unwrap().expect("the unfinished analysis is queued");
+        assert_eq!((claim.sha256.as_str(), claim.attempts), ("cd", 2), "its earlier attempt counts");
+        assert!(meta.claim("me", 10, 70).await.unwrap().is_none(), "the finished one is not");
+        drop(meta);
+        // And it opens again, the migrations recorded.
+        Meta::open(&path).await.unwrap();
+    }
+
+    /// A lease that runs out lets another claim the job; the one that lost it cannot renew.
+    #[tokio::test]
+    async fn a_job_whose_lease_ran_out_is_claimed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = Meta::open(&dir.path().join("db")).await.unwrap();
+        let row = SnapshotRow {
+            id: "x".into(),
+            sha256: "ef".into(),
+            name: "n".into(),
+            note: String::new(),
+            bytes: 1,
+            status: Status::Queued,
+            error: None,
+            verdict: None,
+            created_at: 5,
+            run_id: None,
+            rank: None,
+            summary: None,
+        };
+        let (_, first) = meta.add(&row).await.unwrap();
+        assert!(first);
+        let (copy, first) = meta.add(&SnapshotRow { id: "y".into(), ..row.clone() }).await.unwrap();
+        assert!(!first, "the same bytes again join the first upload");
+        assert_eq!(copy.status, Status::Queued);
+        assert_eq!(meta.claim("a", 100, 160).await.unwrap().unwrap().attempts, 1);
+        assert!(meta.claim("b", 150, 210).await.unwrap().is_none(), "held under a live lease");
+        let again = meta.claim("b", 161, 221).await.unwrap().expect("the lease ran out");
+        assert_eq!(again.attempts, 2);
+        assert!(!meta.renew("ef", "a", 300).await.unwrap(), "the first owner lost it");
+        assert!(meta.renew("ef", "b", 300).await.unwrap());
+        meta.finish("ef", Status::Ready, None, Some("no_oom"), None).await.unwrap();
+        assert_eq!(meta.get("y").await.unwrap().unwrap().status, Status::Ready);
+        assert!(meta.claim("c", 1000, 1060).await.unwrap().is_none(), "done: off the queue");
+    }
+}
