@@ -133,7 +133,7 @@ fn a_kill_in_the_middle_of_an_analysis_runs_it_again() {
 /// A server killed twice while analysing the same file (as the kernel's OOM killer would) does
 /// not try a third time: the snapshot is failed with a message, and the server keeps serving.
 #[test]
-fn an_analysis_that_dies_twice_is_failed_not_resumed_into_a_crash_loop() {
+pub fn an_analysis_that_dies_twice_is_failed_not_resumed_into_a_crash_loop() {
     let mut server = TestServer::start(&["--analysis-workers", "1"]);
     let id = upload_big(&server);
     let mut killed = Vec::new();

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::engines::Team;
 use super::util::{TestServer, on_team_engines, snapshot_path, synthetic_snapshot};
-use super::{runs, server};
+use super::{hardening, runs, server};
 
 macro_rules! on_team {
     ($($module:ident :: $test:ident),* $(,)?) => {
@@ -34,6 +34,8 @@ mod same_tests {
         runs::a_job_s_ranks_make_one_run_that_names_the_oom_rank,
         runs::form_fields_group_ranks_and_the_same_bytes_twice_are_two_ranks,
         runs::comparing_a_run_and_its_remedy_shows_the_oom_gone_and_the_peak_change,
+        // Postgres: each restart is a new replica, which takes the job once the lease runs out.
+        hardening::an_analysis_that_dies_twice_is_failed_not_resumed_into_a_crash_loop,
     );
 }
 
