@@ -168,7 +168,7 @@ mod tests {
         let sha: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
         let temp = dir.path().join("upload.tmp");
         std::fs::write(&temp, &bytes).unwrap();
-        store.blobs.commit(temp, &sha).await.unwrap();
+        store.blobs.commit(temp, None, &sha).await.unwrap();
 
         let budget = Arc::new(tokio::sync::Semaphore::new(64));
         let held = budget.clone().acquire_many_owned(64).await.unwrap();

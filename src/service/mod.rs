@@ -52,6 +52,8 @@ pub struct Upload {
     pub head: Vec<u8>,
     /// Its name and note, and its run and rank.
     pub label: Label,
+    /// Its copy sent to the object store as it arrived, if there is one.
+    pub staged: Option<crate::store::Staged>,
 }
 
 /// The answer to an upload: its snapshot (a new id either way), and whether the same bytes
@@ -98,13 +100,14 @@ impl Service {
         let result = self.check(&up).await;
         if result.is_err() {
             self.store.discard_temp(&up.temp);
+            self.store.discard_staged(up.staged.take()).await;
             metrics::Counters::add(&self.counters.uploads_refused, 1);
         }
         let stored_before = result?;
         if up.label.name.is_empty() {
             up.label.name = "snapshot".to_string();
         }
-        let (row, new) = self.store.add_upload(up.temp, up.sha256, up.bytes, up.label).await?;
+        let (row, new) = self.store.add_upload((up.temp, up.staged), up.sha256, up.bytes, up.label).await?;
         if new {
             self.worker.wake();
         }

@@ -9,7 +9,7 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::remote::Remote;
+use super::remote::{Remote, Staged};
 
 /// Where blobs live.
 pub enum Blobs {
@@ -18,14 +18,18 @@ pub enum Blobs {
 }
 
 impl Blobs {
-    /// Makes the finished file at `temp` the blob `sha256` (consuming `temp`).
-    pub async fn commit(&self, temp: PathBuf, sha256: &str) -> io::Result<()> {
+    /// Makes the finished file at `temp` the blob `sha256` (consuming `temp`, and the copy
+    /// staged in the object store while it arrived, if any).
+    pub async fn commit(&self, temp: PathBuf, staged: Option<Staged>, sha256: &str) -> io::Result<()> {
         match self {
             Blobs::Local(l) => {
                 let (dir, sha) = (l.dir.clone(), sha256.to_string());
                 tokio::task::spawn_blocking(move || LocalBlobs { dir }.commit(&temp, &sha)).await?
             }
-            Blobs::Remote(r) => r.commit(&temp, sha256).await,
+            Blobs::Remote(r) => match staged {
+                Some(staged) => r.commit_staged(staged, &temp, sha256).await,
+                None => r.commit(&temp, sha256).await,
+            },
         }
     }
 

@@ -20,6 +20,7 @@ mod results;
 
 pub use blobs::{Blobs, LocalBlobs};
 pub use meta::{Claim, Meta, RunRow, SnapshotRow, Status, redact};
+pub use remote::{Staged, Staging};
 pub use results::{Results, Written};
 
 use std::path::PathBuf;
@@ -159,6 +160,26 @@ impl Store {
         Ok((path, file))
     }
 
+    /// With an object store, starts sending an upload there as it arrives (None: the local
+    /// folder, or the store would not start one; then the file is sent once complete).
+    pub async fn stage(&self) -> Option<Staging> {
+        let remote = self.blobs.remote()?;
+        match remote.stage().await {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot stream the upload to the object store; it is sent once complete");
+                None
+            }
+        }
+    }
+
+    /// Removes an upload staged in the object store that will not be kept.
+    pub async fn discard_staged(&self, staged: Option<Staged>) {
+        if let (Some(remote), Some(staged)) = (self.blobs.remote(), staged) {
+            remote.discard(staged).await;
+        }
+    }
+
     /// Removes an upload in progress that will not be kept.
     pub fn discard_temp(&self, temp: &std::path::Path) {
         if temp.starts_with(&self.tmp) {
@@ -172,6 +193,14 @@ impl Store {
             std::fs::remove_file(e?.path())?;
         }
         self.results.clean_partial()?;
+        if let Some(remote) = self.blobs.remote() {
+            // Uploads a replica staged and died before keeping (older than an hour: younger
+            // ones may be arriving at another replica now).
+            let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+            for staged in remote.staged_before(hour_ago).await? {
+                remote.discard(staged).await;
+            }
+        }
         let shas: std::collections::HashSet<String> = self.meta.all_sha256().await?.into_iter().collect();
         for sha in self.blobs.sweepable().await? {
             if !shas.contains(&sha) {
@@ -205,7 +234,7 @@ impl Store {
     /// whether its analysis is to be queued.
     pub async fn add_upload(
         &self,
-        temp: PathBuf,
+        (temp, staged): (PathBuf, Option<Staged>),
         sha256: String,
         bytes: u64,
         label: Label,
@@ -231,11 +260,12 @@ impl Store {
         let _gate = self.gate.lock().await;
         if let Some(copied) = self.meta.insert_copy(&row).await? {
             let _ = std::fs::remove_file(&temp);
+            self.discard_staged(staged).await;
             return Ok((copied, false));
         }
         // Stored before its row: a crash between leaves a blob no row names, swept later.
         // Storing is idempotent (the key is the content's hash), so two replicas may both.
-        self.blobs.commit(temp, &sha256).await?;
+        self.blobs.commit(temp, staged, &sha256).await?;
         self.meta.add(&row).await
     }
 

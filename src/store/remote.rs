@@ -43,7 +43,83 @@ fn results_prefix(sha256: &str) -> Key {
     Key::from(format!("results/{sha256}"))
 }
 
+/// An upload on its way into the store while it is received (and hashed): written in parts
+/// under a temporary key, made the blob by a copy once its hash is known.
+pub struct Staging {
+    key: Key,
+    writer: WriteMultipart,
+}
+
+/// A received upload, whole in the store under its temporary key.
+pub struct Staged {
+    key: Key,
+}
+
+impl Staging {
+    /// Sends a chunk (buffered into 16 MiB parts; waits while two parts are in flight).
+    pub async fn write(&mut self, chunk: &[u8]) -> io::Result<()> {
+        self.writer.wait_for_capacity(2).await.map_err(err)?;
+        self.writer.write(chunk);
+        Ok(())
+    }
+
+    pub async fn finish(self) -> io::Result<Staged> {
+        self.writer.finish().await.map_err(err)?;
+        Ok(Staged { key: self.key })
+    }
+
+    /// Gives up an unfinished upload (its parts are dropped by the store).
+    pub async fn abort(self) {
+        let _ = self.writer.abort().await;
+    }
+}
+
 impl Remote {
+    /// Starts sending an upload as it arrives.
+    pub async fn stage(&self) -> io::Result<Staging> {
+        let key = Key::from(format!("uploads/{}", crate::store::random_id()));
+        let upload = self.store.put_multipart(&key).await.map_err(err)?;
+        Ok(Staging { key, writer: WriteMultipart::new_with_chunk_size(upload, PART) })
+    }
+
+    /// Removes a staged upload that will not be kept.
+    pub async fn discard(&self, staged: Staged) {
+        let _ = self.store.delete(&staged.key).await;
+    }
+
+    /// Makes a staged upload the blob `sha256` (a copy inside the store; none when those bytes
+    /// are stored already), and keeps `temp` as the cached copy.
+    pub async fn commit_staged(&self, staged: Staged, temp: &Path, sha256: &str) -> io::Result<()> {
+        let key = blob_key(sha256);
+        let copied = match self.store.head(&key).await {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::NotFound { .. }) => self.store.copy(&staged.key, &key).await.map_err(err),
+            Err(e) => Err(err(e)),
+        };
+        let _ = self.store.delete(&staged.key).await;
+        copied?;
+        self.keep_cached(temp, sha256).await
+    }
+
+    /// Staged uploads older than `before` (a replica died before it committed them).
+    pub async fn staged_before(&self, before: std::time::SystemTime) -> io::Result<Vec<Staged>> {
+        Ok(self.keys_before("uploads", before).await?.into_iter().map(|key| Staged { key }).collect())
+    }
+
+    /// Keys under `prefix` last written before `before`.
+    async fn keys_before(&self, prefix: &str, before: std::time::SystemTime) -> io::Result<Vec<Key>> {
+        let before = before.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+        let mut out = Vec::new();
+        let mut list = self.store.list(Some(&Key::from(prefix)));
+        while let Some(m) = list.next().await {
+            let m = m.map_err(err)?;
+            if m.last_modified.timestamp() < before {
+                out.push(m.location);
+            }
+        }
+        Ok(out)
+    }
+
     /// The store a URL names: `s3://bucket/prefix`, `gs://bucket/prefix`, `az://container/prefix`
     /// (and the other forms `object_store` knows), its credentials from the environment.
     pub fn from_url(url: &str, cache_dir: PathBuf, cache_bytes: u64) -> io::Result<Remote> {
@@ -83,6 +159,10 @@ impl Remote {
             Err(object_store::Error::NotFound { .. }) => self.put_file(temp, &key, PutMode::Create).await?,
             Err(e) => return Err(err(e)),
         }
+        self.keep_cached(temp, sha256).await
+    }
+
+    async fn keep_cached(&self, temp: &Path, sha256: &str) -> io::Result<()> {
         let cached = self.cache.blob(sha256);
         if let Some(dir) = cached.parent() {
             std::fs::create_dir_all(dir)?;
@@ -229,19 +309,13 @@ impl Remote {
     /// Blobs in the store last written before `before` (older ones only: a blob written just
     /// now may belong to an upload another replica is about to record).
     pub async fn blobs_before(&self, before: std::time::SystemTime) -> io::Result<Vec<String>> {
-        let before = before.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
-        let mut out = Vec::new();
-        let mut list = self.store.list(Some(&Key::from("blobs")));
-        while let Some(m) = list.next().await {
-            let m = m.map_err(err)?;
-            if let Some(name) = m.location.filename()
-                && crate::store::valid_sha256(name)
-                && m.last_modified.timestamp() < before
-            {
-                out.push(name.to_string());
-            }
-        }
-        Ok(out)
+        let keys = self.keys_before("blobs", before).await?;
+        Ok(keys
+            .iter()
+            .filter_map(|k| k.filename())
+            .filter(|name| crate::store::valid_sha256(name))
+            .map(str::to_string)
+            .collect())
     }
 
     /// The store answers (a list of one key).

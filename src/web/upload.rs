@@ -22,6 +22,8 @@ pub(crate) struct Received {
     pub(crate) head: Vec<u8>,
     /// From a multipart form: the file's name and the text fields.
     pub(crate) form: Form,
+    /// The copy sent to the object store as it arrived, if there is one.
+    pub(crate) staged: Option<crate::store::Staged>,
 }
 
 /// The text fields of an upload form, each bounded in size (413 past it) and in time.
@@ -65,10 +67,19 @@ struct Spool {
     bytes: u64,
     head: Vec<u8>,
     max: u64,
+    /// Also sends the bytes to the object store as they arrive, so that the blob is there
+    /// when the last byte is (dropped on a failed write: the file is then sent once whole).
+    staging: Option<crate::store::Staging>,
 }
 
 impl Spool {
-    fn new(path: PathBuf, file: std::fs::File, max: u64, grace: std::time::Duration) -> Spool {
+    fn new(
+        path: PathBuf,
+        file: std::fs::File,
+        max: u64,
+        grace: std::time::Duration,
+        staging: Option<crate::store::Staging>,
+    ) -> Spool {
         let file = tokio::fs::File::from_std(file);
         Spool {
             started: std::time::Instant::now(),
@@ -79,6 +90,7 @@ impl Spool {
             bytes: 0,
             head: Vec::new(),
             max,
+            staging,
         }
     }
 
@@ -101,16 +113,40 @@ impl Spool {
             self.head.extend_from_slice(&chunk[..chunk.len().min(64 - self.head.len())]);
         }
         self.hasher.update(chunk);
+        if let Some(staging) = self.staging.as_mut()
+            && let Err(e) = staging.write(chunk).await
+        {
+            tracing::warn!(error = %e, "streaming the upload to the object store failed; it is sent once complete");
+            self.abort_staging();
+        }
         self.file.write_all(chunk).await.map_err(temp_error)
     }
 
-    async fn finish(mut self, form: Form) -> Result<Received, ApiError> {
+    /// Gives up the object-store copy (in the background: the caller answers at once).
+    fn abort_staging(&mut self) {
+        if let Some(staging) = self.staging.take() {
+            tokio::spawn(staging.abort());
+        }
+    }
+
+    async fn finish(&mut self, form: Form) -> Result<Received, ApiError> {
         self.file.flush().await.map_err(temp_error)?;
         if self.bytes == 0 {
             return Err(ApiError::BadRequest("the upload is empty".into()));
         }
-        let sha256 = self.hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        let staged = match self.staging.take() {
+            None => None,
+            Some(staging) => match staging.finish().await {
+                Ok(staged) => Some(staged),
+                Err(e) => {
+                    tracing::warn!(error = %e, "finishing the upload in the object store failed; it is sent again whole");
+                    None
+                }
+            },
+        };
+        let sha256 = std::mem::take(&mut self.hasher).finalize().iter().map(|b| format!("{b:02x}")).collect();
         Ok(Received {
+            staged,
             temp: self.path.clone(),
             sha256,
             bytes: self.bytes,
@@ -132,22 +168,35 @@ fn too_slow(idle: std::time::Duration) -> ApiError {
 pub(crate) async fn receive(
     request: Request,
     temp: (PathBuf, std::fs::File),
+    staging: Option<crate::store::Staging>,
     max: u64,
     idle: std::time::Duration,
 ) -> Result<Received, ApiError> {
+    let mut spool = Spool::new(temp.0, temp.1, max, idle, staging);
+    let got = match receive_into(request, &mut spool, idle).await {
+        Ok(form) => spool.finish(form).await,
+        Err(e) => Err(e),
+    };
+    if got.is_err() {
+        spool.abort_staging();
+    }
+    got
+}
+
+/// Writes the body (or the form's file field) to `spool`; returns the form's text fields.
+async fn receive_into(request: Request, spool: &mut Spool, idle: std::time::Duration) -> Result<Form, ApiError> {
     let is_form = request
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("multipart/form-data"));
-    let mut spool = Spool::new(temp.0, temp.1, max, idle);
     if !is_form {
         let mut body = request.into_body().into_data_stream();
         while let Some(chunk) = tokio::time::timeout(idle, body.next()).await.map_err(|_| too_slow(idle))? {
             let chunk: Bytes = chunk.map_err(|e| ApiError::BadRequest(format!("the upload was cut off: {e}")))?;
             spool.write(&chunk).await?;
         }
-        return spool.finish(Form::default()).await;
+        return Ok(Form::default());
     }
     let mut form = Multipart::from_request(request, &()).await.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let (mut form_fields, mut got_file) = (Form::default(), false);
@@ -180,7 +229,7 @@ pub(crate) async fn receive(
     if !got_file {
         return Err(ApiError::BadRequest("the form has no file field".into()));
     }
-    spool.finish(form_fields).await
+    Ok(form_fields)
 }
 
 async fn next_chunk(

@@ -182,3 +182,34 @@ fn three_replicas_share_one_queue_one_bucket_and_every_link() {
         }
     }
 }
+
+/// An upload goes to the bucket in parts while it arrives: what lands is the same bytes under
+/// their hash, and neither a kept nor a refused upload leaves a staged copy behind.
+#[test]
+fn uploads_stream_into_the_bucket_and_leave_no_staged_copies() {
+    let Some(team) = Team::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let args = team.args();
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend(["--max-upload", "60MB"]);
+    let server = TestServer::start_with(&dir.path().join("a"), &args, &team.s3.env());
+    let bytes = synthetic_snapshot(160_000);
+    assert!(bytes.len() > 32 << 20 && bytes.len() < 60_000_000, "several 16 MiB parts: {}", bytes.len());
+    let r = TestServer::client().post(server.url("/api/v1/snapshots")).body(bytes.clone()).send().unwrap();
+    assert_eq!(r.status().as_u16(), 202, "{}", r.text().unwrap());
+    let id = r.json::<Value>().unwrap()["id"].as_str().unwrap().to_string();
+    let sha = server.wait_done(&id)["sha256"].as_str().unwrap().to_string();
+    let blob: Vec<_> =
+        team.s3.files(&format!("team/blobs/{}", &sha[..2])).into_iter().filter(|p| p.ends_with(&sha)).collect();
+    assert_eq!(blob.len(), 1, "{blob:?}");
+    assert!(std::fs::read(&blob[0]).unwrap() == bytes, "the blob differs from the upload");
+
+    let too_big = synthetic_snapshot(300_000);
+    let r = TestServer::client().post(server.url("/api/v1/snapshots")).body(too_big).send().unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !team.s3.files("team/uploads").is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(team.s3.files("team/uploads").is_empty(), "staged copies left: {:?}", team.s3.files("team/uploads"));
+}

@@ -75,10 +75,19 @@ pub(crate) async fn create(
     let store = &app.service.store;
     let temp = store.create_temp().map_err(crate::store::StoreError::from)?;
     let path = temp.0.clone();
-    let got =
-        upload::receive(request, temp, app.config.max_upload, idle).await.inspect_err(|_| store.discard_temp(&path))?;
-    let label = label(q, got.form).inspect_err(|_| store.discard_temp(&got.temp))?;
-    let up = Upload { temp: got.temp, sha256: got.sha256, bytes: got.bytes, head: got.head, label };
+    let staging = store.stage().await;
+    let got = upload::receive(request, temp, staging, app.config.max_upload, idle)
+        .await
+        .inspect_err(|_| store.discard_temp(&path))?;
+    let label = match label(q, got.form) {
+        Ok(label) => label,
+        Err(e) => {
+            store.discard_temp(&got.temp);
+            store.discard_staged(got.staged).await;
+            return Err(e);
+        }
+    };
+    let up = Upload { temp: got.temp, sha256: got.sha256, bytes: got.bytes, head: got.head, label, staged: got.staged };
     let admitted = app.service.admit(up).await?;
     Ok((StatusCode::ACCEPTED, Json(created(&admitted.row, admitted.duplicate))))
 }
