@@ -1,5 +1,8 @@
 //! `cargo bench --bench load`: the server under load, on loopback.
 //!
+//! 0. One client uploads big_trace to the idle server, three times with the Content-Length
+//!    (parsed while it arrives) and three times chunked without one (so parsed after it
+//!    arrives, as before): the time from the upload's last byte (its answer) to `ready`.
 //! 1. Sixteen clients upload the real 243 MiB big_trace at once (each copy ends with a different
 //!    byte after the pickle's STOP, so none is a duplicate and all sixteen are analysed) under a
 //!    1.5 GiB `--analysis-memory`; the server's RSS is sampled until all are ready.
@@ -82,6 +85,10 @@ fn main() {
     let pids: Vec<u32> = servers.iter().map(|s| s.id()).collect();
     let base = bases[0].clone();
     let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(900)).build().unwrap();
+
+    if replicas == 1 {
+        ready_after_upload(&http, &base, &snapshot, size);
+    }
 
     let done = Arc::new(AtomicBool::new(false));
     let peaks: Arc<Vec<AtomicU64>> = Arc::new(pids.iter().map(|_| AtomicU64::new(0)).collect());
@@ -193,4 +200,42 @@ fn main() {
     for mut s in servers {
         let _ = s.kill();
     }
+}
+
+/// Seconds from an upload's answer (its last byte received) to `ready`, for one upload of
+/// `path` with a distinct trailing byte; announced (`Content-Length`) or chunked.
+fn one_upload(
+    http: &reqwest::blocking::Client,
+    base: &str,
+    path: &std::path::Path,
+    size: u64,
+    tag: u8,
+    announced: bool,
+) -> (f64, f64) {
+    let file = std::fs::File::open(path).unwrap().chain(std::io::Cursor::new(vec![tag]));
+    let body =
+        if announced { reqwest::blocking::Body::sized(file, size + 1) } else { reqwest::blocking::Body::new(file) };
+    let t = Instant::now();
+    let r = http.post(format!("{base}/api/v1/snapshots")).body(body).send().unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let id = r.json::<Value>().unwrap()["id"].as_str().unwrap().to_string();
+    let answered = Instant::now();
+    common::wait_ready(http, base, &id, Duration::from_millis(2));
+    ((answered - t).as_secs_f64(), answered.elapsed().as_secs_f64())
+}
+
+fn ready_after_upload(http: &reqwest::blocking::Client, base: &str, path: &std::path::Path, size: u64) {
+    println!("one {} MiB upload to the idle server: from its last byte to `ready`", size >> 20);
+    println!("| upload | upload took | last byte to ready | target |");
+    println!("|---|---|---|---|");
+    for (k, announced) in [true, false, true, false, true, false].into_iter().enumerate() {
+        let (upload, ready) = one_upload(http, base, path, size, 200 + k as u8, announced);
+        let (how, target) = if announced {
+            ("with Content-Length: parsed while it arrives", "within 0.3 s")
+        } else {
+            ("chunked, no length: parsed after it arrives (as before)", "reference")
+        };
+        println!("| {how} | {upload:.2} s | {ready:.2} s | {target} |");
+    }
+    println!();
 }

@@ -262,9 +262,13 @@ pub fn check_head(head: &[u8]) -> Result<(), IngestError> {
 /// real snapshots, about 1.6x an uncompressed pickle (model, series, checkpoints); a compressed
 /// one unpacks to about 20x its size. `head` is the file's first bytes.
 pub fn memory_estimate(bytes: u64, head: &[u8]) -> u64 {
-    let compressed = matches!(head, [0x1f, 0x8b, ..] | [0x28, 0xb5, 0x2f, 0xfd, ..]);
-    let unpacked = if compressed { bytes.saturating_mul(20) } else { bytes };
+    let unpacked = if is_compressed(head) { bytes.saturating_mul(20) } else { bytes };
     unpacked.saturating_mul(8) / 5 + (16 << 20)
+}
+
+/// Whether a file's first bytes are gzip's or zstd's.
+pub fn is_compressed(head: &[u8]) -> bool {
+    matches!(head, [0x1f, 0x8b, ..] | [0x28, 0xb5, 0x2f, 0xfd, ..])
 }
 
 /// The file name extension of a snapshot by its first bytes: `.pickle`, `.json`, or `.gz` /

@@ -11,6 +11,8 @@ pub struct Counters {
     pub uploads_refused: AtomicU64,
     pub analyses_ready: AtomicU64,
     pub analyses_failed: AtomicU64,
+    /// Analyses that used the parse made while the upload arrived (see `early`).
+    pub analyses_early: AtomicU64,
     /// Microseconds spent in analyses, for the mean duration.
     pub analysis_micros: AtomicU64,
     pub cache_hits: AtomicU64,
@@ -59,6 +61,13 @@ pub fn render(c: &Counters, g: &Gauges) -> String {
         "counter",
         "Analyses finished, by outcome.",
         &[("{outcome=\"ready\"}", ready), ("{outcome=\"failed\"}", failed)],
+    );
+    metric(
+        &mut out,
+        "analyses_parsed_while_arriving_total",
+        "counter",
+        "Analyses made from the parse that ran while the upload arrived.",
+        &[("", get(&c.analyses_early))],
     );
     let _ = writeln!(
         out,

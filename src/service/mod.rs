@@ -5,8 +5,10 @@
 //!
 //! It is also the seam for other storage back ends: everything below goes through [`Store`].
 
+pub mod early;
 pub mod loaded;
 pub mod metrics;
+mod prepare;
 pub mod runs;
 pub mod worker;
 
@@ -54,6 +56,8 @@ pub struct Upload {
     pub label: Label,
     /// Its copy sent to the object store as it arrived, if there is one.
     pub staged: Option<crate::store::Staged>,
+    /// Its parse while it arrived, if one ran (see [`early`]).
+    pub early: Option<early::Early>,
 }
 
 /// The answer to an upload: its snapshot (a new id either way), and whether the same bytes
@@ -107,9 +111,12 @@ impl Service {
         if up.label.name.is_empty() {
             up.label.name = "snapshot".to_string();
         }
+        let early = up.early.take();
         let (row, new) = self.store.add_upload((up.temp, up.staged), up.sha256, up.bytes, up.label).await?;
-        if new {
-            self.worker.wake();
+        match early {
+            Some(early) if new => self.worker.adopt(self.store.clone(), self.loaded.clone(), &row.sha256, early).await,
+            _ if new => self.worker.wake(),
+            _ => {}
         }
         metrics::Counters::add(&self.counters.uploads, 1);
         Ok(Admitted { row, duplicate: stored_before || !new })
@@ -131,6 +138,12 @@ impl Service {
                 .map_err(|e| ServiceError::Internal(e.to_string()))??;
         }
         Ok(false)
+    }
+
+    /// Starts parsing an upload while it arrives, when its size is announced and the budget
+    /// has room now (see [`early`]).
+    pub fn start_early(&self, announced: Option<u64>) -> Option<early::Early> {
+        self.worker.start_early(announced.filter(|b| *b > 0)?)
     }
 
     /// The database and the blob store answer; else which does not.

@@ -15,11 +15,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::early::Early;
 use super::loaded::{Entry, Loaded};
-use crate::analysis::summary::Summary;
-use crate::analysis::{self, Depth, map};
+use super::prepare::{Prepared, prepare};
+use crate::analysis::{self, summary::Summary};
 use crate::ingest;
-use crate::store::{Status, Store, Written};
+use crate::store::{Status, Store};
+
+type Held = Option<tokio::sync::OwnedSemaphorePermit>;
 
 /// Analyses claimed this many times without finishing are failed, not started again.
 const MAX_ATTEMPTS: u64 = 2;
@@ -68,6 +71,7 @@ pub struct Worker {
     memory: Arc<tokio::sync::Semaphore>,
     memory_mib: u32,
     counters: Arc<super::metrics::Counters>,
+    leases: Leases,
 }
 
 impl Worker {
@@ -101,6 +105,7 @@ impl Worker {
             memory,
             memory_mib,
             counters,
+            leases: leases.clone(),
         };
         for _ in 0..workers.max(1) {
             let (store, loaded, w, leases) = (store.clone(), loaded.clone(), worker.clone(), leases.clone());
@@ -109,7 +114,7 @@ impl Worker {
                     let Ok(slot) = w.slots.clone().acquire_owned().await else { break };
                     let now = unix_now();
                     match store.meta.claim(&leases.owner, now, now + leases.lease.as_secs() as i64).await {
-                        Ok(Some(claim)) => w.run(store.clone(), &loaded, claim, &leases).await,
+                        Ok(Some(claim)) => w.run(store.clone(), &loaded, claim, None).await,
                         Ok(None) => {
                             drop(slot);
                             tokio::select! {
@@ -179,9 +184,42 @@ impl Worker {
         p.get(sha256).map(|c| c.load(Ordering::Relaxed))
     }
 
+    /// Starts parsing an upload of `bytes` (announced) as it arrives, if an analysis slot and
+    /// the memory it needs are free now; see `early`.
+    pub fn start_early(&self, bytes: u64) -> Option<Early> {
+        let slot = self.slots.clone().try_acquire_owned().ok()?;
+        let estimate = ingest::memory_estimate(bytes, b"");
+        let mib = ((estimate >> 20) as u32).clamp(1, self.memory_mib);
+        let memory = self.memory.clone().try_acquire_many_owned(mib).ok()?;
+        let w = self.clone();
+        Some(Early::start(slot, move |fed, progress, cancel| {
+            tokio::spawn(async move { w.parse_and_prepare(fed, progress, (Some(memory), estimate), Some(cancel)).await })
+        }))
+    }
+
+    /// Takes the analysis of new bytes whose upload was parsed while it arrived: claims their
+    /// job and writes the prepared analysis (or analyses them afresh if it cannot be used).
+    /// If another worker claimed the job first, the early work is dropped.
+    pub async fn adopt(&self, store: Arc<Store>, loaded: Arc<Loaded>, sha256: &str, early: Early) {
+        let now = unix_now();
+        let until = now + self.leases.lease.as_secs() as i64;
+        match store.meta.claim_for(sha256, &self.leases.owner, now, until).await {
+            Ok(Some(claim)) => {
+                let w = self.clone();
+                tokio::spawn(async move { w.run(store, &loaded, claim, Some(early)).await });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(sha256, error = %e, "cannot claim the job of an upload parsed while arriving");
+                self.wake();
+            }
+        }
+    }
+
     /// Analyses the bytes of a claimed job once for every upload of them, renewing the lease
     /// until the outcome is recorded.
-    async fn run(&self, store: Arc<Store>, loaded: &Loaded, claim: crate::store::Claim, leases: &Leases) {
+    async fn run(&self, store: Arc<Store>, loaded: &Loaded, claim: crate::store::Claim, early: Option<Early>) {
+        let leases = &self.leases;
         let id = claim.sha256.as_str();
         if claim.attempts > MAX_ATTEMPTS {
             tracing::warn!(id, attempts = claim.attempts, "analysis died twice: failed, not resumed");
@@ -206,23 +244,37 @@ impl Worker {
                 }
             })
         };
-        self.analyse_claimed(store, loaded, id).await;
+        self.analyse_claimed(store, loaded, id, early).await;
         renewal.abort();
     }
 
-    async fn analyse_claimed(&self, store: Arc<Store>, loaded: &Loaded, id: &str) {
+    async fn analyse_claimed(&self, store: Arc<Store>, loaded: &Loaded, id: &str, early: Option<Early>) {
         let Ok(Some(row)) = store.meta.by_sha256(id).await else { return };
-        // The first bytes tell a compressed upload (which unpacks to far more) from a plain one.
-        let mut head = [0u8; 4];
-        if let Ok(mut f) = store.blobs.open(&row.sha256).await {
-            let _ = std::io::Read::read(&mut f, &mut head);
-        }
-        let estimate = ingest::memory_estimate(row.bytes, &head);
-        let memory = self.reserve_memory(estimate).await;
-        let counter = Arc::new(AtomicU64::new(0));
+        let counter = early.as_ref().map(|e| e.progress.clone()).unwrap_or_default();
         self.progress.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), counter.clone());
         let started = std::time::Instant::now();
-        let mut outcome = self.analyze(store.clone(), row.sha256.clone(), counter, (memory, estimate)).await;
+        let (prepared, _slot) = match early {
+            Some(early) => early.result(id).await,
+            None => (None, None),
+        };
+        let mut outcome = match prepared {
+            Some((prepared, _memory)) => {
+                super::metrics::Counters::add(&self.counters.analyses_early, 1);
+                let store = store.clone();
+                tokio::task::spawn_blocking(move || prepared.write(&store)).await.map_err(crashed).and_then(|r| r)
+            }
+            None => {
+                // The first bytes tell a compressed upload (which unpacks to far more) from a
+                // plain one.
+                let mut head = [0u8; 4];
+                if let Ok(mut f) = store.blobs.open(&row.sha256).await {
+                    let _ = std::io::Read::read(&mut f, &mut head);
+                }
+                let estimate = ingest::memory_estimate(row.bytes, &head);
+                let memory = self.reserve_memory(estimate).await;
+                self.analyze(store.clone(), row.sha256.clone(), counter, (memory, estimate)).await
+            }
+        };
         if outcome.is_ok()
             && let Err(e) = store.publish_results(id).await
         {
@@ -280,57 +332,48 @@ fn trim() {
     }
 }
 
-/// OOMs whose segment maps are stored with the results.
-const STORED_OOM_MAPS: usize = 8;
-
 impl Worker {
-    /// Parses a blob, charges the budget for what the parsed model will really need through the
-    /// analysis (not only the guess from the file's size it started with), analyses it and
-    /// writes the results; returns the verdict, the summary and the parsed snapshot, or the
-    /// message to show.
+    /// Parses a blob, analyses it and writes the results; returns the verdict, the summary and
+    /// the parsed snapshot, or the message to show.
     async fn analyze(
         &self,
         store: Arc<Store>,
         sha256: String,
         counter: Arc<AtomicU64>,
-        (memory, estimate): (Option<tokio::sync::OwnedSemaphorePermit>, u64),
+        memory: (Held, u64),
     ) -> Result<(String, Option<Summary>, Entry), String> {
         let file = store.blobs.open(&sha256).await.map_err(|e| format!("the upload is missing: {e}"))?;
-        let crashed = |e: tokio::task::JoinError| format!("the analysis crashed: {e}");
+        let (prepared, _memory) = self.parse_and_prepare(file, counter, memory, None).await?;
+        tokio::task::spawn_blocking(move || prepared.write(&store)).await.map_err(crashed)?
+    }
+
+    /// Parses `raw` and analyses it, charging the budget for what the parsed model will really
+    /// need (not only the guess from the file's size it started with). Stops after the parse
+    /// if `cancel` is set by then.
+    pub(super) async fn parse_and_prepare<R: std::io::Read + Send + 'static>(
+        &self,
+        raw: R,
+        counter: Arc<AtomicU64>,
+        (memory, estimate): (Held, u64),
+        cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
+    ) -> Result<(Prepared, Held), String> {
         let ingested = tokio::task::spawn_blocking(move || {
             let options = ingest::Options { progress: Some(counter), ..ingest::Options::default() };
-            ingest::ingest(file, &options).map_err(|e| e.to_string())
+            ingest::ingest(raw, &options).map_err(|e| e.to_string())
         })
         .await
         .map_err(crashed)??;
-        let _memory = self.charge(memory, estimate, analysis::memory_needed(&ingested.snapshot)).await;
-        tokio::task::spawn_blocking(move || analyze_and_write(&store, &sha256, ingested)).await.map_err(crashed)?
+        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err("the upload was given up".into());
+        }
+        let memory = self.charge(memory, estimate, analysis::memory_needed(&ingested.snapshot)).await;
+        let prepared = tokio::task::spawn_blocking(move || prepare(ingested)).await.map_err(crashed)??;
+        Ok((prepared, memory))
     }
 }
 
-fn analyze_and_write(
-    store: &Store,
-    sha256: &str,
-    ingested: ingest::Ingested,
-) -> Result<(String, Option<Summary>, Entry), String> {
-    let snap = ingested.snapshot;
-    let analyzed = analysis::analyze(&snap, ingested.source, Depth::Serve);
-    let entry = Entry { snapshot: snap, replays: analyzed.replays, indexes: analyzed.indexes };
-    // The maps a page opens first: the end of each device, and the first OOMs (any other
-    // event's map is made on demand).
-    let mut maps = Vec::new();
-    let json = |m: &map::SegmentMap| serde_json::to_vec(m).map_err(|e| e.to_string());
-    for (i, d) in entry.snapshot.devices.iter().enumerate() {
-        maps.push((d.device, None, json(&entry.segment_map(i, None))?));
-        for oom in analyzed.analysis.devices[i].ooms.iter().take(STORED_OOM_MAPS) {
-            maps.push((d.device, Some(oom.event_index), json(&entry.segment_map(i, Some(oom.event_index)))?));
-        }
-    }
-    let verdict = analyzed.analysis.devices.first().map(|d| d.diagnosis.verdict.as_str()).unwrap_or("no_oom");
-    let timelines = entry.snapshot.devices.iter().map(|d| d.device).zip(&analyzed.timelines).collect();
-    let written = Written { analysis: &analyzed.analysis, maps, timelines };
-    store.results.write(sha256, &written).map_err(|e| format!("cannot write the results: {e}"))?;
-    Ok((verdict.to_string(), Summary::of(&analyzed.analysis), entry))
+fn crashed(e: tokio::task::JoinError) -> String {
+    format!("the analysis crashed: {e}")
 }
 
 #[cfg(test)]
@@ -347,6 +390,7 @@ mod tests {
             memory: Arc::new(tokio::sync::Semaphore::new(mib as usize)),
             memory_mib: mib,
             counters: Default::default(),
+            leases: Leases::default(),
         }
     }
 

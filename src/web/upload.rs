@@ -70,6 +70,8 @@ struct Spool {
     /// Also sends the bytes to the object store as they arrive, so that the blob is there
     /// when the last byte is (dropped on a failed write: the file is then sent once whole).
     staging: Option<crate::store::Staging>,
+    /// And to the parse while it arrives, if one runs (dropped when it wants no more).
+    feed: Option<crate::service::early::Feed>,
 }
 
 impl Spool {
@@ -78,7 +80,7 @@ impl Spool {
         file: std::fs::File,
         max: u64,
         grace: std::time::Duration,
-        staging: Option<crate::store::Staging>,
+        (staging, feed): (Option<crate::store::Staging>, Option<crate::service::early::Feed>),
     ) -> Spool {
         let file = tokio::fs::File::from_std(file);
         Spool {
@@ -91,10 +93,11 @@ impl Spool {
             head: Vec::new(),
             max,
             staging,
+            feed,
         }
     }
 
-    async fn write(&mut self, chunk: &[u8]) -> Result<(), ApiError> {
+    async fn write(&mut self, chunk: Bytes) -> Result<(), ApiError> {
         self.bytes += chunk.len() as u64;
         let elapsed = self.started.elapsed();
         if elapsed > self.grace && self.bytes < MIN_BYTES_PER_SEC * elapsed.as_secs() {
@@ -112,14 +115,19 @@ impl Spool {
         if self.head.len() < 64 {
             self.head.extend_from_slice(&chunk[..chunk.len().min(64 - self.head.len())]);
         }
-        self.hasher.update(chunk);
+        self.hasher.update(&chunk);
         if let Some(staging) = self.staging.as_mut()
-            && let Err(e) = staging.write(chunk).await
+            && let Err(e) = staging.write(&chunk).await
         {
             tracing::warn!(error = %e, "streaming the upload to the object store failed; it is sent once complete");
             self.abort_staging();
         }
-        self.file.write_all(chunk).await.map_err(temp_error)
+        if let Some(feed) = self.feed.as_mut()
+            && !feed.send(chunk.clone(), &self.head).await
+        {
+            self.feed = None;
+        }
+        self.file.write_all(&chunk).await.map_err(temp_error)
     }
 
     /// Gives up the object-store copy (in the background: the caller answers at once).
@@ -130,6 +138,8 @@ impl Spool {
     }
 
     async fn finish(&mut self, form: Form) -> Result<Received, ApiError> {
+        // The parse sees the end of the upload.
+        self.feed = None;
         self.file.flush().await.map_err(temp_error)?;
         if self.bytes == 0 {
             return Err(ApiError::BadRequest("the upload is empty".into()));
@@ -168,11 +178,11 @@ fn too_slow(idle: std::time::Duration) -> ApiError {
 pub(crate) async fn receive(
     request: Request,
     temp: (PathBuf, std::fs::File),
-    staging: Option<crate::store::Staging>,
+    also: (Option<crate::store::Staging>, Option<crate::service::early::Feed>),
     max: u64,
     idle: std::time::Duration,
 ) -> Result<Received, ApiError> {
-    let mut spool = Spool::new(temp.0, temp.1, max, idle, staging);
+    let mut spool = Spool::new(temp.0, temp.1, max, idle, also);
     let got = match receive_into(request, &mut spool, idle).await {
         Ok(form) => spool.finish(form).await,
         Err(e) => Err(e),
@@ -194,7 +204,7 @@ async fn receive_into(request: Request, spool: &mut Spool, idle: std::time::Dura
         let mut body = request.into_body().into_data_stream();
         while let Some(chunk) = tokio::time::timeout(idle, body.next()).await.map_err(|_| too_slow(idle))? {
             let chunk: Bytes = chunk.map_err(|e| ApiError::BadRequest(format!("the upload was cut off: {e}")))?;
-            spool.write(&chunk).await?;
+            spool.write(chunk).await?;
         }
         return Ok(Form::default());
     }
@@ -213,7 +223,7 @@ async fn receive_into(request: Request, spool: &mut Spool, idle: std::time::Dura
             got_file = true;
             form_fields.filename = field.file_name().map(|s| s.chars().take(1024).collect());
             while let Some(chunk) = next_chunk(&mut field, idle).await? {
-                spool.write(&chunk).await?;
+                spool.write(chunk).await?;
             }
             continue;
         }

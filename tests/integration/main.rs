@@ -1,5 +1,6 @@
 //! One integration-test binary (faster to link than one per file). Each module is one family.
 
+mod arriving;
 mod browser;
 mod browser_jobs;
 mod categories;

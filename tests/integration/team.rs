@@ -45,14 +45,6 @@ fn replica(team: &Team, data: &std::path::Path) -> TestServer {
     TestServer::start_with(data, &args, &team.s3.env())
 }
 
-fn metric(server: &TestServer, line_start: &str) -> u64 {
-    let text = server.get("/metrics").text().unwrap();
-    text.lines()
-        .find(|l| l.starts_with(line_start))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {line_start} in\n{text}"))
-}
-
 #[test]
 fn deleting_removes_the_blob_and_results_from_the_bucket() {
     let Some(team) = Team::start() else { return };
@@ -80,12 +72,12 @@ fn readyz_names_the_engine_that_does_not_answer_and_metrics_count_the_work() {
     assert_eq!(server.get("/readyz").status().as_u16(), 200);
     let id = server.upload(&snapshot_path("seed_frag_default"))["id"].as_str().unwrap().to_string();
     server.wait_done(&id);
-    assert_eq!(metric(&server, "fragscope_uploads_total"), 1);
-    assert_eq!(metric(&server, "fragscope_analyses_total{outcome=\"ready\"}"), 1);
-    assert_eq!(metric(&server, "fragscope_snapshots{status=\"ready\"}"), 1);
-    assert_eq!(metric(&server, "fragscope_analyses_queued"), 0);
+    assert_eq!(server.metric("fragscope_uploads_total"), 1);
+    assert_eq!(server.metric("fragscope_analyses_total{outcome=\"ready\"}"), 1);
+    assert_eq!(server.metric("fragscope_snapshots{status=\"ready\"}"), 1);
+    assert_eq!(server.metric("fragscope_analyses_queued"), 0);
     let size = std::fs::metadata(snapshot_path("seed_frag_default")).unwrap().len();
-    assert_eq!(metric(&server, "fragscope_stored_bytes"), size);
+    assert_eq!(server.metric("fragscope_stored_bytes"), size);
     // The S3 server goes away: the replica is up but not ready, and says why.
     let Team { pg, s3 } = team;
     drop(s3);
@@ -146,8 +138,8 @@ fn three_replicas_share_one_queue_one_bucket_and_every_link() {
     // The same new bytes through two replicas at once: two uploads, one blob, one analysis.
     let file = snapshot_path("two_devices");
     let bytes = std::fs::read(&file).unwrap();
-    let ready_before = metric(&a, "fragscope_analyses_total{outcome=\"ready\"}")
-        + metric(&b, "fragscope_analyses_total{outcome=\"ready\"}");
+    let ready_before = a.metric("fragscope_analyses_total{outcome=\"ready\"}")
+        + b.metric("fragscope_analyses_total{outcome=\"ready\"}");
     let send = |server: &TestServer| {
         let (url, body) = (server.url("/api/v1/snapshots"), bytes.clone());
         std::thread::spawn(move || {
@@ -166,8 +158,8 @@ fn three_replicas_share_one_queue_one_bucket_and_every_link() {
     assert_eq!(done[0]["sha256"], done[1]["sha256"]);
     let sha = done[0]["sha256"].as_str().unwrap().to_string();
     assert_eq!(team.s3.files(&format!("team/blobs/{}", &sha[..2])).len(), 1, "one stored blob");
-    let ready_after = metric(&a, "fragscope_analyses_total{outcome=\"ready\"}")
-        + metric(&b, "fragscope_analyses_total{outcome=\"ready\"}");
+    let ready_after = a.metric("fragscope_analyses_total{outcome=\"ready\"}")
+        + b.metric("fragscope_analyses_total{outcome=\"ready\"}");
     assert_eq!(ready_after - ready_before, 1, "the same bytes were analysed once");
 
     // All three restart, on fresh disks: every link opens through each.

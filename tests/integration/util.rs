@@ -226,6 +226,15 @@ impl TestServer {
         r.json().unwrap()
     }
 
+    /// The value of the `/metrics` line that starts with `line_start`.
+    pub fn metric(&self, line_start: &str) -> u64 {
+        let text = self.get("/metrics").text().unwrap();
+        text.lines()
+            .find(|l| l.starts_with(line_start))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {line_start} in\n{text}"))
+    }
+
     /// Polls a snapshot until its analysis is done; returns its status JSON.
     pub fn wait_done(&self, id: &str) -> serde_json::Value {
         let start = Instant::now();

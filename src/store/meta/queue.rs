@@ -25,6 +25,12 @@ pub(super) async fn enqueue(c: &mut Conn, sha256: &str, now: i64) -> Result<(), 
     Ok(())
 }
 
+/// Marks the uploads of claimed bytes as being analysed.
+async fn mark_analyzing(c: &mut Conn, sha256: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE snapshots SET status = 'analyzing', error = NULL WHERE sha256 = $1").bind(sha256).execute(c).await?;
+    Ok(())
+}
+
 const CLAIM_SQLITE: &str = "UPDATE jobs SET owner = $1, lease_until = $2, attempts = attempts + 1
     WHERE sha256 = (SELECT sha256 FROM jobs WHERE owner IS NULL OR lease_until < $3 ORDER BY queued_at, sha256 LIMIT 1)
     RETURNING sha256, attempts";
@@ -45,12 +51,35 @@ impl Meta {
         let got: Option<(String, i64)> =
             sqlx::query_as(sql).bind(owner).bind(lease_until).bind(now).fetch_optional(&mut *tx).await?;
         let Some((sha256, attempts)) = got else { return Ok(None) };
-        sqlx::query("UPDATE snapshots SET status = 'analyzing', error = NULL WHERE sha256 = $1")
-            .bind(&sha256)
-            .execute(&mut *tx)
-            .await?;
+        mark_analyzing(&mut tx, &sha256).await?;
         tx.commit().await?;
         Ok(Some(Claim { sha256, attempts: attempts.max(0) as u64 }))
+    }
+
+    /// Claims the job of `sha256` if no one holds it (the replica that parsed the upload while
+    /// it arrived takes its own job; another may have been faster).
+    pub async fn claim_for(
+        &self,
+        sha256: &str,
+        owner: &str,
+        now: i64,
+        lease_until: i64,
+    ) -> Result<Option<Claim>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let got: Option<(i64,)> = sqlx::query_as(
+            "UPDATE jobs SET owner = $1, lease_until = $2, attempts = attempts + 1
+             WHERE sha256 = $3 AND (owner IS NULL OR lease_until < $4) RETURNING attempts",
+        )
+        .bind(owner)
+        .bind(lease_until)
+        .bind(sha256)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((attempts,)) = got else { return Ok(None) };
+        mark_analyzing(&mut tx, sha256).await?;
+        tx.commit().await?;
+        Ok(Some(Claim { sha256: sha256.to_string(), attempts: attempts.max(0) as u64 }))
     }
 
     /// Extends a lease; false when `owner` no longer holds it (it ran out and another replica

@@ -76,7 +76,11 @@ pub(crate) async fn create(
     let temp = store.create_temp().map_err(crate::store::StoreError::from)?;
     let path = temp.0.clone();
     let staging = store.stage().await;
-    let got = upload::receive(request, temp, staging, app.config.max_upload, idle)
+    // Parsed while it arrives when the budget allows now, so the link is ready soon after.
+    let announced = headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
+    let mut early = app.service.start_early(announced.filter(|b| *b <= app.config.max_upload));
+    let feed = early.as_mut().and_then(|e| e.feed());
+    let got = upload::receive(request, temp, (staging, feed), app.config.max_upload, idle)
         .await
         .inspect_err(|_| store.discard_temp(&path))?;
     let label = match label(q, got.form) {
@@ -87,7 +91,8 @@ pub(crate) async fn create(
             return Err(e);
         }
     };
-    let up = Upload { temp: got.temp, sha256: got.sha256, bytes: got.bytes, head: got.head, label, staged: got.staged };
+    let (temp, sha256, bytes, head, staged) = (got.temp, got.sha256, got.bytes, got.head, got.staged);
+    let up = Upload { temp, sha256, bytes, head, label, staged, early };
     let admitted = app.service.admit(up).await?;
     Ok((StatusCode::ACCEPTED, Json(created(&admitted.row, admitted.duplicate))))
 }

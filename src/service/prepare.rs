@@ -1,0 +1,61 @@
+//! From a parsed snapshot to what is stored: the analysis, the timeline columns, the segment
+//! maps a page opens first, and the verdict and summary recorded on the row. Split in two so
+//! that an upload parsed while it arrives (`early`) is analysed before its hash is known to
+//! be new, and written only once it is.
+
+use crate::analysis::summary::Summary;
+use crate::analysis::timeline::Timeline;
+use crate::analysis::{self, Analysis, Depth, map};
+use crate::ingest;
+use crate::store::{Store, Written};
+
+use super::loaded::Entry;
+
+/// OOMs whose segment maps are stored with the results.
+const STORED_OOM_MAPS: usize = 8;
+
+/// An analysis ready to be written under its content hash.
+pub struct Prepared {
+    sha256: String,
+    analysis: Analysis,
+    timelines: Vec<Timeline>,
+    maps: Vec<(i64, Option<u64>, Vec<u8>)>,
+    entry: Entry,
+}
+
+/// Analyses a parsed snapshot.
+pub fn prepare(ingested: ingest::Ingested) -> Result<Prepared, String> {
+    let sha256 = ingested.source.sha256.clone();
+    let snap = ingested.snapshot;
+    let analyzed = analysis::analyze(&snap, ingested.source, Depth::Serve);
+    let entry = Entry { snapshot: snap, replays: analyzed.replays, indexes: analyzed.indexes };
+    // The maps a page opens first: the end of each device, and the first OOMs (any other
+    // event's map is made on demand).
+    let mut maps = Vec::new();
+    let json = |m: &map::SegmentMap| serde_json::to_vec(m).map_err(|e| e.to_string());
+    for (i, d) in entry.snapshot.devices.iter().enumerate() {
+        maps.push((d.device, None, json(&entry.segment_map(i, None))?));
+        for oom in analyzed.analysis.devices[i].ooms.iter().take(STORED_OOM_MAPS) {
+            maps.push((d.device, Some(oom.event_index), json(&entry.segment_map(i, Some(oom.event_index)))?));
+        }
+    }
+    Ok(Prepared { sha256, analysis: analyzed.analysis, timelines: analyzed.timelines, maps, entry })
+}
+
+impl Prepared {
+    /// The hash of the bytes it was parsed from.
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    /// Writes the results through the store; returns the verdict, the summary and the parsed
+    /// snapshot for the loaded cache.
+    pub fn write(self, store: &Store) -> Result<(String, Option<Summary>, Entry), String> {
+        let Prepared { sha256, analysis, timelines, maps, entry } = self;
+        let verdict = analysis.devices.first().map(|d| d.diagnosis.verdict.as_str()).unwrap_or("no_oom");
+        let devices = entry.snapshot.devices.iter().map(|d| d.device).zip(&timelines).collect();
+        let written = Written { analysis: &analysis, maps, timelines: devices };
+        store.results.write(&sha256, &written).map_err(|e| format!("cannot write the results: {e}"))?;
+        Ok((verdict.to_string(), Summary::of(&analysis), entry))
+    }
+}
