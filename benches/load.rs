@@ -48,6 +48,9 @@ fn main() {
     let size = std::fs::metadata(&snapshot).unwrap().len();
     let data = tempfile::tempdir().unwrap();
     let args: Vec<String> = std::env::args().collect();
+    // `-- --parse-while-arriving false`: the 16 uploads as before this existed, to compare.
+    let early = args.iter().position(|a| a == "--parse-while-arriving").and_then(|i| args.get(i + 1)).cloned();
+    let early = early.unwrap_or_else(|| "true".into());
     let replicas: usize =
         args.iter().position(|a| a == "--replicas").and_then(|i| args.get(i + 1)?.parse().ok()).unwrap_or(1);
     let team = if replicas > 1 {
@@ -69,7 +72,8 @@ fn main() {
     let mut bases = Vec::new();
     for r in 0..replicas.max(1) {
         let mut server = Command::new(env!("CARGO_BIN_EXE_fragscope"))
-            .args(["serve", "--addr", "127.0.0.1:0", "--analysis-memory", &BUDGET.to_string(), "--data-dir"])
+            .args(["serve", "--addr", "127.0.0.1:0", "--analysis-memory", &BUDGET.to_string()])
+            .args(["--parse-while-arriving", &early, "--data-dir"])
             .arg(data.path().join(format!("data{r}")))
             .args(&team_args)
             .envs(team_env.iter().map(|(k, v)| (k, v)))
@@ -86,7 +90,7 @@ fn main() {
     let base = bases[0].clone();
     let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(900)).build().unwrap();
 
-    if replicas == 1 {
+    if replicas == 1 && early == "true" {
         ready_after_upload(&http, &base, &snapshot, size);
     }
 

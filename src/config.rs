@@ -58,6 +58,10 @@ pub struct Config {
     /// gives its job up after this long.
     #[arg(long, env = "FRAGSCOPE_LEASE_SECONDS", default_value_t = 60, hide = true)]
     pub lease_seconds: u64,
+    /// Parse uploads that announce their size while they arrive (`service/early.rs`);
+    /// `false` waits for the whole upload, as before (for comparisons).
+    #[arg(long, env = "FRAGSCOPE_PARSE_WHILE_ARRIVING", default_value_t = true, action = clap::ArgAction::Set)]
+    pub parse_while_arriving: bool,
 }
 
 impl Config {
@@ -78,6 +82,7 @@ impl Config {
             blob_store: None,
             cache_size: 20 << 30,
             lease_seconds: 60,
+            parse_while_arriving: true,
         }
     }
 

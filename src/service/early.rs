@@ -12,7 +12,8 @@
 //!
 //! It runs only when the budget allows it now: a free analysis slot and the memory a plain
 //! pickle of the announced size needs (`Content-Length`). Compressed uploads are not fed (they
-//! unpack to many times their size); they are analysed after arriving, as before.
+//! unpack to many times their size), nor uploads arriving slower than 8 MiB/s (they would
+//! hold the slot idle); those are analysed after arriving, as before, by a worker with a slot.
 
 use std::io::Read;
 use std::sync::Arc;
@@ -39,21 +40,30 @@ pub struct Early {
     done: Option<tokio::task::JoinHandle<Done>>,
     /// Raw bytes the parse has consumed (the status's progress).
     pub(super) progress: Arc<AtomicU64>,
-    /// The analysis slot it holds, until its job is done (written, or analysed afresh).
-    slot: Option<OwnedSemaphorePermit>,
 }
 
 /// The upload handler's end: where each received chunk goes.
 pub struct Feed {
     tx: mpsc::Sender<Bytes>,
     cancel: Arc<AtomicBool>,
+    started: std::time::Instant,
+    bytes: u64,
 }
 
+/// Slowest average arrival a parse waits for, after [`GRACE`]: a slower upload would hold an
+/// analysis slot and its memory idle for long (a 4 GiB upload at 64 KiB/s: 17 hours).
+const MIN_BYTES_PER_SEC: u64 = 8 << 20;
+const GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Feed {
-    /// Passes a chunk on; false once the parse wants no more (it ended, or the upload is
-    /// compressed): the caller then drops the feed.
+    /// Passes a chunk on; false once the parse wants no more (it ended, the upload is
+    /// compressed, or it arrives too slowly to be worth a slot): the caller then drops the
+    /// feed, and the parse stops, giving its slot and memory back.
     pub async fn send(&mut self, chunk: Bytes, head: &[u8]) -> bool {
-        if crate::ingest::is_compressed(head) {
+        self.bytes += chunk.len() as u64;
+        let elapsed = self.started.elapsed();
+        let slow = elapsed > GRACE && self.bytes < MIN_BYTES_PER_SEC * elapsed.as_secs();
+        if slow || crate::ingest::is_compressed(head) {
             self.cancel.store(true, Ordering::Relaxed);
             return false;
         }
@@ -62,8 +72,8 @@ impl Feed {
 }
 
 impl Early {
+    /// Starts `parse` on the reader end (it holds the slot and memory it took).
     pub(super) fn start(
-        slot: OwnedSemaphorePermit,
         parse: impl FnOnce(Fed, Arc<AtomicU64>, Arc<AtomicBool>) -> tokio::task::JoinHandle<Done>,
     ) -> Early {
         let (tx, rx) = mpsc::channel(QUEUED_CHUNKS);
@@ -71,7 +81,8 @@ impl Early {
         let progress = Arc::new(AtomicU64::new(0));
         let fed = Fed { rx, current: Bytes::new(), cancel: cancel.clone() };
         let done = parse(fed, progress.clone(), cancel.clone());
-        Early { feed: Some(Feed { tx, cancel: cancel.clone() }), cancel, done: Some(done), progress, slot: Some(slot) }
+        let feed = Feed { tx, cancel: cancel.clone(), started: std::time::Instant::now(), bytes: 0 };
+        Early { feed: Some(feed), cancel, done: Some(done), progress }
     }
 
     /// The feed for the upload handler (once).
@@ -79,12 +90,10 @@ impl Early {
         self.feed.take()
     }
 
-    /// The prepared analysis, if the parse succeeded on the bytes `sha256` names; and the
-    /// analysis slot, for whoever finishes the job.
-    pub(super) async fn result(mut self, sha256: &str) -> (Option<(Prepared, Held)>, Option<OwnedSemaphorePermit>) {
+    /// The prepared analysis, if the parse succeeded on the bytes `sha256` names.
+    pub(super) async fn result(mut self, sha256: &str) -> Option<(Prepared, Held)> {
         self.feed = None;
-        let slot = self.slot.take();
-        let Some(done) = self.done.take() else { return (None, slot) };
+        let done = self.done.take()?;
         let waited = std::time::Instant::now();
         let prepared = match done.await {
             Ok(Ok(p)) if p.0.sha256() == sha256 => Some(p),
@@ -101,13 +110,9 @@ impl Early {
                 None
             }
         };
-        tracing::debug!(
-            sha256,
-            used = prepared.is_some(),
-            waited = waited.elapsed().as_secs_f64(),
-            "parse while arriving"
-        );
-        (prepared, slot)
+        let used = prepared.is_some();
+        tracing::debug!(sha256, used, waited = waited.elapsed().as_secs_f64(), "parse while arriving");
+        prepared
     }
 }
 

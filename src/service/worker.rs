@@ -192,8 +192,11 @@ impl Worker {
         let mib = ((estimate >> 20) as u32).clamp(1, self.memory_mib);
         let memory = self.memory.clone().try_acquire_many_owned(mib).ok()?;
         let w = self.clone();
-        Some(Early::start(slot, move |fed, progress, cancel| {
-            tokio::spawn(async move { w.parse_and_prepare(fed, progress, (Some(memory), estimate), Some(cancel)).await })
+        Some(Early::start(move |fed, progress, cancel| {
+            tokio::spawn(async move {
+                let _slot = slot;
+                w.parse_and_prepare(fed, progress, (Some(memory), estimate), Some(cancel)).await
+            })
         }))
     }
 
@@ -253,15 +256,29 @@ impl Worker {
         let counter = early.as_ref().map(|e| e.progress.clone()).unwrap_or_default();
         self.progress.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), counter.clone());
         let started = std::time::Instant::now();
-        let (prepared, _slot) = match early {
-            Some(early) => early.result(id).await,
-            None => (None, None),
+        let prepared = match early {
+            Some(early) => match early.result(id).await {
+                Some(prepared) => Some(prepared),
+                None => {
+                    // Analysed afresh like any queued job, by a worker with a slot.
+                    self.progress.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+                    if let Err(e) = store.meta.release(id, &self.leases.owner).await {
+                        tracing::warn!(id, error = %e, "cannot give the job back; it is taken once its lease runs out");
+                    }
+                    self.wake();
+                    return;
+                }
+            },
+            None => None,
         };
         let mut outcome = match prepared {
             Some((prepared, _memory)) => {
                 super::metrics::Counters::add(&self.counters.analyses_early, 1);
                 let store = store.clone();
-                tokio::task::spawn_blocking(move || prepared.write(&store)).await.map_err(crashed).and_then(|r| r)
+                let started = std::time::Instant::now();
+                let written = tokio::task::spawn_blocking(move || prepared.write(&store)).await;
+                tracing::debug!(seconds = started.elapsed().as_secs_f64(), "wrote the results");
+                written.map_err(crashed).and_then(|r| r)
             }
             None => {
                 // The first bytes tell a compressed upload (which unpacks to far more) from a
@@ -363,11 +380,14 @@ impl Worker {
         })
         .await
         .map_err(crashed)??;
+        tracing::debug!(bytes = ingested.source.bytes, "parsed");
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             return Err("the upload was given up".into());
         }
         let memory = self.charge(memory, estimate, analysis::memory_needed(&ingested.snapshot)).await;
+        let started = std::time::Instant::now();
         let prepared = tokio::task::spawn_blocking(move || prepare(ingested)).await.map_err(crashed)??;
+        tracing::debug!(seconds = started.elapsed().as_secs_f64(), "analysed the parsed snapshot");
         Ok((prepared, memory))
     }
 }

@@ -140,6 +140,7 @@ impl Spool {
     async fn finish(&mut self, form: Form) -> Result<Received, ApiError> {
         // The parse sees the end of the upload.
         self.feed = None;
+        tracing::debug!(bytes = self.bytes, "upload received");
         self.file.flush().await.map_err(temp_error)?;
         if self.bytes == 0 {
             return Err(ApiError::BadRequest("the upload is empty".into()));

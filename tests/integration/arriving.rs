@@ -85,3 +85,41 @@ fn a_broken_upload_fails_with_the_reader_s_message() {
     assert!(error.contains(&format!("at byte {}", bytes.len())), "{error}");
     assert!(cli.contains(error), "the server says {error:?}, the command line {cli:?}");
 }
+
+/// An upload arriving slowly gives its parse up (its slot would sit idle), so a fast upload
+/// behind it with one analysis slot is still parsed while it arrives; the slow one is
+/// analysed after it arrives.
+#[test]
+fn a_slow_upload_gives_its_slot_to_a_fast_one() {
+    let server = TestServer::start(&["--analysis-workers", "1"]);
+    let bytes = synthetic_snapshot(15_000);
+    let addr = server.url("").trim_start_matches("http://").trim_end_matches('/').to_string();
+    let slow = {
+        let (addr, bytes) = (addr.clone(), bytes.clone());
+        std::thread::spawn(move || {
+            let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+            let head = format!(
+                "POST /api/v1/snapshots HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+                bytes.len()
+            );
+            conn.write_all(head.as_bytes()).unwrap();
+            for chunk in bytes.chunks(70_000) {
+                conn.write_all(chunk).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            let mut answer = String::new();
+            std::io::Read::read_to_string(&mut conn, &mut answer).ok();
+            answer
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(2600));
+    let fast = server.upload(&snapshot_path("seed_frag_default"))["id"].as_str().unwrap().to_string();
+    assert_eq!(server.wait_done(&fast)["status"], "ready");
+    assert!(!slow.is_finished(), "the fast upload waited for the slow one to arrive");
+    assert_eq!(server.metric(EARLY), 1, "the fast upload was parsed while arriving");
+    let answer = slow.join().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+    let id = answer.split("\"id\":\"").nth(1).unwrap().split('"').next().unwrap();
+    assert_eq!(server.wait_done(id)["status"], "ready");
+    assert_eq!(server.metric(EARLY), 1, "the slow one was analysed after it arrived");
+}

@@ -82,6 +82,23 @@ impl Meta {
         Ok(Some(Claim { sha256: sha256.to_string(), attempts: attempts.max(0) as u64 }))
     }
 
+    /// Gives a claimed job back to the queue untried (the claim does not count).
+    pub async fn release(&self, sha256: &str, owner: &str) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let released = sqlx::query(
+            "UPDATE jobs SET owner = NULL, lease_until = NULL, attempts = attempts - 1 WHERE sha256 = $1 AND owner = $2",
+        )
+        .bind(sha256)
+        .bind(owner)
+        .execute(&mut *tx)
+        .await?;
+        if released.rows_affected() == 1 {
+            sqlx::query("UPDATE snapshots SET status = 'queued' WHERE sha256 = $1").bind(sha256).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Extends a lease; false when `owner` no longer holds it (it ran out and another replica
     /// claimed the job, or the job was deleted).
     pub async fn renew(&self, sha256: &str, owner: &str, lease_until: i64) -> Result<bool, StoreError> {
