@@ -22,7 +22,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use bytes::{Buf, Bytes};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
+use super::loaded::Loaded;
 use super::prepare::Prepared;
+use super::worker::Worker;
+use crate::store::Store;
 
 /// Memory of the budget held.
 type Held = Option<OwnedSemaphorePermit>;
@@ -116,6 +119,43 @@ impl Early {
     }
 }
 
+impl Worker {
+    /// Starts parsing an upload of `bytes` (announced) as it arrives, if an analysis slot and
+    /// the memory it needs are free now; see `early`.
+    pub fn start_early(&self, bytes: u64) -> Option<Early> {
+        let slot = self.slots.clone().try_acquire_owned().ok()?;
+        let estimate = crate::ingest::memory_estimate(bytes, b"");
+        let mib = ((estimate >> 20) as u32).clamp(1, self.memory_mib);
+        let memory = self.memory.clone().try_acquire_many_owned(mib).ok()?;
+        let w = self.clone();
+        Some(Early::start(move |fed, progress, cancel| {
+            tokio::spawn(async move {
+                let _slot = slot;
+                w.parse_and_prepare(fed, progress, (Some(memory), estimate), Some(cancel)).await
+            })
+        }))
+    }
+
+    /// Takes the analysis of new bytes whose upload was parsed while it arrived: claims their
+    /// job and writes the prepared analysis (or analyses them afresh if it cannot be used).
+    /// If another worker claimed the job first, the early work is dropped.
+    pub async fn adopt(&self, store: Arc<Store>, loaded: Arc<Loaded>, sha256: &str, early: Early) {
+        let now = super::worker::unix_now();
+        let until = now + self.leases.lease.as_secs() as i64;
+        match store.meta.claim_for(sha256, &self.leases.owner, now, until).await {
+            Ok(Some(claim)) => {
+                let w = self.clone();
+                tokio::spawn(async move { w.run(store, &loaded, claim, Some(early)).await });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(sha256, error = %e, "cannot claim the job of an upload parsed while arriving");
+                self.wake();
+            }
+        }
+    }
+}
+
 impl Drop for Early {
     /// An upload refused, cut off or stored before: the parse stops at its next read.
     fn drop(&mut self) {
@@ -136,10 +176,10 @@ pub struct Fed {
 impl Read for Fed {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         while !self.current.has_remaining() {
-            if self.cancel.load(Ordering::Relaxed) {
-                return Err(std::io::Error::other("the upload was given up"));
-            }
-            match self.rx.blocking_recv() {
+            // Checked after each wait too: the feed is dropped both when the upload ends and
+            // when it is given up, and only the flag tells which.
+            let next = if self.cancel.load(Ordering::Relaxed) { None } else { self.rx.blocking_recv() };
+            match next {
                 Some(chunk) => self.current = chunk,
                 None if self.cancel.load(Ordering::Relaxed) => {
                     return Err(std::io::Error::other("the upload was given up"));

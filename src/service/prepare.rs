@@ -1,7 +1,11 @@
-//! From a parsed snapshot to what is stored: the analysis, the timeline columns, the segment
-//! maps a page opens first, and the verdict and summary recorded on the row. Split in two so
-//! that an upload parsed while it arrives (`early`) is analysed before its hash is known to
-//! be new, and written only once it is.
+//! From bytes to what is stored: parse within the memory budget, analyse (the analysis, the
+//! timeline columns, the segment maps a page opens first), then write, and hand back the
+//! verdict and summary recorded on the row. Analysing and writing are two steps so that an
+//! upload parsed while it arrives (`early`) is analysed before its hash is known to be new,
+//! and written only once it is.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::analysis::summary::Summary;
 use crate::analysis::timeline::Timeline;
@@ -10,6 +14,7 @@ use crate::ingest;
 use crate::store::{Store, Written};
 
 use super::loaded::Entry;
+use super::worker::{Held, Worker, crashed};
 
 /// OOMs whose segment maps are stored with the results.
 const STORED_OOM_MAPS: usize = 8;
@@ -57,5 +62,46 @@ impl Prepared {
         let written = Written { analysis: &analysis, maps, timelines: devices };
         store.results.write(&sha256, &written).map_err(|e| format!("cannot write the results: {e}"))?;
         Ok((verdict.to_string(), Summary::of(&analysis), entry))
+    }
+}
+
+impl Worker {
+    /// Parses a stored blob and analyses it.
+    pub(super) async fn parse_blob(
+        &self,
+        store: &Store,
+        sha256: &str,
+        counter: Arc<AtomicU64>,
+        memory: (Held, u64),
+    ) -> Result<(Prepared, Held), String> {
+        let file = store.blobs.open(sha256).await.map_err(|e| format!("the upload is missing: {e}"))?;
+        self.parse_and_prepare(file, counter, memory, None).await
+    }
+
+    /// Parses `raw` and analyses it, charging the budget for what the parsed model will really
+    /// need (not only the guess from the file's size it started with). Stops after the parse
+    /// if `cancel` is set by then.
+    pub(super) async fn parse_and_prepare<R: std::io::Read + Send + 'static>(
+        &self,
+        raw: R,
+        counter: Arc<AtomicU64>,
+        (memory, estimate): (Held, u64),
+        cancel: Option<Arc<AtomicBool>>,
+    ) -> Result<(Prepared, Held), String> {
+        let ingested = tokio::task::spawn_blocking(move || {
+            let options = ingest::Options { progress: Some(counter), ..ingest::Options::default() };
+            ingest::ingest(raw, &options).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(crashed)??;
+        tracing::debug!(bytes = ingested.source.bytes, "parsed");
+        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err("the upload was given up".into());
+        }
+        let memory = self.charge(memory, estimate, analysis::memory_needed(&ingested.snapshot)).await;
+        let started = std::time::Instant::now();
+        let prepared = tokio::task::spawn_blocking(move || prepare(ingested)).await.map_err(crashed)??;
+        tracing::debug!(seconds = started.elapsed().as_secs_f64(), "analysed the parsed snapshot");
+        Ok((prepared, memory))
     }
 }

@@ -16,13 +16,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::early::Early;
-use super::loaded::{Entry, Loaded};
-use super::prepare::{Prepared, prepare};
-use crate::analysis::{self, summary::Summary};
+use super::loaded::Loaded;
+use crate::analysis::summary::Summary;
 use crate::ingest;
 use crate::store::{Status, Store};
 
-type Held = Option<tokio::sync::OwnedSemaphorePermit>;
+pub(super) type Held = Option<tokio::sync::OwnedSemaphorePermit>;
 
 /// Analyses claimed this many times without finishing are failed, not started again.
 const MAX_ATTEMPTS: u64 = 2;
@@ -51,7 +50,7 @@ impl Default for Leases {
     }
 }
 
-fn unix_now() -> i64 {
+pub(super) fn unix_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
@@ -68,10 +67,10 @@ pub struct Worker {
     /// Simulations anyone holding a link may start: at most two at once, the rest told to retry.
     pub simulations: Arc<tokio::sync::Semaphore>,
     /// The memory budget for analyses, in MiB permits.
-    memory: Arc<tokio::sync::Semaphore>,
-    memory_mib: u32,
+    pub(super) memory: Arc<tokio::sync::Semaphore>,
+    pub(super) memory_mib: u32,
     counters: Arc<super::metrics::Counters>,
-    leases: Leases,
+    pub(super) leases: Leases,
 }
 
 impl Worker {
@@ -108,8 +107,9 @@ impl Worker {
             leases: leases.clone(),
         };
         for _ in 0..workers.max(1) {
-            let (store, loaded, w, leases) = (store.clone(), loaded.clone(), worker.clone(), leases.clone());
+            let (store, loaded, w) = (store.clone(), loaded.clone(), worker.clone());
             tokio::spawn(async move {
+                let leases = w.leases.clone();
                 loop {
                     let Ok(slot) = w.slots.clone().acquire_owned().await else { break };
                     let now = unix_now();
@@ -137,7 +137,7 @@ impl Worker {
     /// Holds `bytes` of the budget where `held` holds `held_bytes` (the estimate it started
     /// with): more at once if free, else by giving `held` back and waiting for the whole amount
     /// (two analyses each holding part and waiting for more would never move).
-    async fn charge(
+    pub(super) async fn charge(
         &self,
         held: Option<tokio::sync::OwnedSemaphorePermit>,
         held_bytes: u64,
@@ -184,44 +184,15 @@ impl Worker {
         p.get(sha256).map(|c| c.load(Ordering::Relaxed))
     }
 
-    /// Starts parsing an upload of `bytes` (announced) as it arrives, if an analysis slot and
-    /// the memory it needs are free now; see `early`.
-    pub fn start_early(&self, bytes: u64) -> Option<Early> {
-        let slot = self.slots.clone().try_acquire_owned().ok()?;
-        let estimate = ingest::memory_estimate(bytes, b"");
-        let mib = ((estimate >> 20) as u32).clamp(1, self.memory_mib);
-        let memory = self.memory.clone().try_acquire_many_owned(mib).ok()?;
-        let w = self.clone();
-        Some(Early::start(move |fed, progress, cancel| {
-            tokio::spawn(async move {
-                let _slot = slot;
-                w.parse_and_prepare(fed, progress, (Some(memory), estimate), Some(cancel)).await
-            })
-        }))
-    }
-
-    /// Takes the analysis of new bytes whose upload was parsed while it arrived: claims their
-    /// job and writes the prepared analysis (or analyses them afresh if it cannot be used).
-    /// If another worker claimed the job first, the early work is dropped.
-    pub async fn adopt(&self, store: Arc<Store>, loaded: Arc<Loaded>, sha256: &str, early: Early) {
-        let now = unix_now();
-        let until = now + self.leases.lease.as_secs() as i64;
-        match store.meta.claim_for(sha256, &self.leases.owner, now, until).await {
-            Ok(Some(claim)) => {
-                let w = self.clone();
-                tokio::spawn(async move { w.run(store, &loaded, claim, Some(early)).await });
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(sha256, error = %e, "cannot claim the job of an upload parsed while arriving");
-                self.wake();
-            }
-        }
-    }
-
     /// Analyses the bytes of a claimed job once for every upload of them, renewing the lease
     /// until the outcome is recorded.
-    async fn run(&self, store: Arc<Store>, loaded: &Loaded, claim: crate::store::Claim, early: Option<Early>) {
+    pub(super) async fn run(
+        &self,
+        store: Arc<Store>,
+        loaded: &Loaded,
+        claim: crate::store::Claim,
+        early: Option<Early>,
+    ) {
         let leases = &self.leases;
         let id = claim.sha256.as_str();
         if claim.attempts > MAX_ATTEMPTS {
@@ -254,32 +225,20 @@ impl Worker {
     async fn analyse_claimed(&self, store: Arc<Store>, loaded: &Loaded, id: &str, early: Option<Early>) {
         let Ok(Some(row)) = store.meta.by_sha256(id).await else { return };
         let counter = early.as_ref().map(|e| e.progress.clone()).unwrap_or_default();
-        self.progress.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), counter.clone());
+        self.track(id, Some(counter.clone()));
         let started = std::time::Instant::now();
-        let prepared = match early {
+        let parsed = match early {
             Some(early) => match early.result(id).await {
-                Some(prepared) => Some(prepared),
+                Some(prepared) => {
+                    super::metrics::Counters::add(&self.counters.analyses_early, 1);
+                    Ok(prepared)
+                }
                 None => {
-                    // Analysed afresh like any queued job, by a worker with a slot.
-                    self.progress.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
-                    if let Err(e) = store.meta.release(id, &self.leases.owner).await {
-                        tracing::warn!(id, error = %e, "cannot give the job back; it is taken once its lease runs out");
-                    }
-                    self.wake();
+                    self.track(id, None);
+                    self.give_back(&store, id).await;
                     return;
                 }
             },
-            None => None,
-        };
-        let mut outcome = match prepared {
-            Some((prepared, _memory)) => {
-                super::metrics::Counters::add(&self.counters.analyses_early, 1);
-                let store = store.clone();
-                let started = std::time::Instant::now();
-                let written = tokio::task::spawn_blocking(move || prepared.write(&store)).await;
-                tracing::debug!(seconds = started.elapsed().as_secs_f64(), "wrote the results");
-                written.map_err(crashed).and_then(|r| r)
-            }
             None => {
                 // The first bytes tell a compressed upload (which unpacks to far more) from a
                 // plain one.
@@ -289,15 +248,24 @@ impl Worker {
                 }
                 let estimate = ingest::memory_estimate(row.bytes, &head);
                 let memory = self.reserve_memory(estimate).await;
-                self.analyze(store.clone(), row.sha256.clone(), counter, (memory, estimate)).await
+                self.parse_blob(&store, &row.sha256, counter, (memory, estimate)).await
             }
+        };
+        let mut outcome = match parsed {
+            Ok((prepared, _memory)) => {
+                let (store, writing) = (store.clone(), std::time::Instant::now());
+                let written = tokio::task::spawn_blocking(move || prepared.write(&store)).await;
+                tracing::debug!(id, seconds = writing.elapsed().as_secs_f64(), "wrote the results");
+                written.map_err(crashed).and_then(|r| r)
+            }
+            Err(message) => Err(message),
         };
         if outcome.is_ok()
             && let Err(e) = store.publish_results(id).await
         {
             outcome = Err(format!("cannot store the results: {e}"));
         }
-        self.progress.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        self.track(id, None);
         let counter = if outcome.is_ok() { &self.counters.analyses_ready } else { &self.counters.analyses_failed };
         super::metrics::Counters::add(counter, 1);
         super::metrics::Counters::add(&self.counters.analysis_micros, started.elapsed().as_micros() as u64);
@@ -320,6 +288,23 @@ impl Worker {
             let _ = store.blobs.delete(id).await;
             loaded.remove(id);
         }
+    }
+
+    /// Shows the progress of the analysis of `sha256` on its uploads' status (None: done).
+    fn track(&self, sha256: &str, counter: Option<Arc<AtomicU64>>) {
+        let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        match counter {
+            Some(c) => p.insert(sha256.to_string(), c),
+            None => p.remove(sha256),
+        };
+    }
+
+    /// Puts a claimed job back in the queue untried, for a worker with a slot.
+    async fn give_back(&self, store: &Store, sha256: &str) {
+        if let Err(e) = store.meta.release(sha256, &self.leases.owner).await {
+            tracing::warn!(sha256, error = %e, "cannot give the job back; it is taken once its lease runs out");
+        }
+        self.wake();
     }
 
     /// Records an outcome and takes the job off the queue. Recording can fail (a full disk
@@ -349,50 +334,7 @@ fn trim() {
     }
 }
 
-impl Worker {
-    /// Parses a blob, analyses it and writes the results; returns the verdict, the summary and
-    /// the parsed snapshot, or the message to show.
-    async fn analyze(
-        &self,
-        store: Arc<Store>,
-        sha256: String,
-        counter: Arc<AtomicU64>,
-        memory: (Held, u64),
-    ) -> Result<(String, Option<Summary>, Entry), String> {
-        let file = store.blobs.open(&sha256).await.map_err(|e| format!("the upload is missing: {e}"))?;
-        let (prepared, _memory) = self.parse_and_prepare(file, counter, memory, None).await?;
-        tokio::task::spawn_blocking(move || prepared.write(&store)).await.map_err(crashed)?
-    }
-
-    /// Parses `raw` and analyses it, charging the budget for what the parsed model will really
-    /// need (not only the guess from the file's size it started with). Stops after the parse
-    /// if `cancel` is set by then.
-    pub(super) async fn parse_and_prepare<R: std::io::Read + Send + 'static>(
-        &self,
-        raw: R,
-        counter: Arc<AtomicU64>,
-        (memory, estimate): (Held, u64),
-        cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
-    ) -> Result<(Prepared, Held), String> {
-        let ingested = tokio::task::spawn_blocking(move || {
-            let options = ingest::Options { progress: Some(counter), ..ingest::Options::default() };
-            ingest::ingest(raw, &options).map_err(|e| e.to_string())
-        })
-        .await
-        .map_err(crashed)??;
-        tracing::debug!(bytes = ingested.source.bytes, "parsed");
-        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-            return Err("the upload was given up".into());
-        }
-        let memory = self.charge(memory, estimate, analysis::memory_needed(&ingested.snapshot)).await;
-        let started = std::time::Instant::now();
-        let prepared = tokio::task::spawn_blocking(move || prepare(ingested)).await.map_err(crashed)??;
-        tracing::debug!(seconds = started.elapsed().as_secs_f64(), "analysed the parsed snapshot");
-        Ok((prepared, memory))
-    }
-}
-
-fn crashed(e: tokio::task::JoinError) -> String {
+pub(super) fn crashed(e: tokio::task::JoinError) -> String {
     format!("the analysis crashed: {e}")
 }
 
