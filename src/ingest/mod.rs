@@ -45,6 +45,9 @@ pub struct Ingested {
     pub snapshot: Snapshot,
     /// Size, hash and format of the file.
     pub source: Source,
+    /// Dicts the reader's fast path for trace entries read (the rest went through its general
+    /// machine): what the tests and the bench check the fast path by.
+    pub fast_dicts: u64,
 }
 
 /// Why bytes are not a snapshot we can read.
@@ -322,13 +325,20 @@ pub fn ingest<R: Read + Send + 'static>(raw: R, options: &Options) -> Result<Ing
     let mut prefetch = Prefetch::start(raw, options.progress.clone());
     let decoded = decode_any(&mut prefetch, options);
     let (sha256, bytes) = prefetch.finish()?;
-    let (snapshot, encoding, compression, pickle_protocol) = decoded?;
+    let (Model { snapshot, protocol: pickle_protocol, fast_dicts }, encoding, compression) = decoded?;
     let source =
         Source { bytes, sha256, encoding: encoding.to_string(), compression: compression.to_string(), pickle_protocol };
-    Ok(Ingested { snapshot, source })
+    Ok(Ingested { snapshot, source, fast_dicts })
 }
 
-type Decoded = (Snapshot, &'static str, &'static str, Option<u8>);
+type Decoded = (Model, &'static str, &'static str);
+
+/// What one decode made.
+struct Model {
+    snapshot: Snapshot,
+    protocol: Option<u8>,
+    fast_dicts: u64,
+}
 
 fn decode_any(raw: &mut Prefetch, options: &Options) -> Result<Decoded, IngestError> {
     Ok({
@@ -336,8 +346,8 @@ fn decode_any(raw: &mut Prefetch, options: &Options) -> Result<Decoded, IngestEr
         let mut outer = raw;
         match format {
             Format::Pickle | Format::Json => {
-                let (s, p) = decode(&mut outer, format, options, "")?;
-                (s, if format == Format::Json { "json" } else { "pickle" }, "none", p)
+                let m = decode(&mut outer, format, options, "")?;
+                (m, if format == Format::Json { "json" } else { "pickle" }, "none")
             }
             Format::Gzip | Format::Zstd => {
                 let count = SharedCount(std::cell::Cell::new(0));
@@ -354,11 +364,11 @@ fn decode_any(raw: &mut Prefetch, options: &Options) -> Result<Decoded, IngestEr
                 if matches!(inner_format, Format::Gzip | Format::Zstd) {
                     return Err(IngestError::Unsupported(format!("a compressed stream inside {name} is not read")));
                 }
-                let (s, p) = decode(&mut inner, inner_format, options, name)?;
+                let m = decode(&mut inner, inner_format, options, name)?;
                 // Read the compressed stream to its end, so a truncated or corrupt trailer
                 // (checksum, size) is reported rather than ignored.
                 std::io::copy(&mut inner, &mut std::io::sink()).map_err(|e| read_io(e, name))?;
-                (s, if inner_format == Format::Json { "json" } else { "pickle" }, name, p)
+                (m, if inner_format == Format::Json { "json" } else { "pickle" }, name)
             }
         }
     })
@@ -374,7 +384,7 @@ fn decode<R: Read>(
     format: Format,
     options: &Options,
     stream: &'static str,
-) -> Result<(Snapshot, Option<u8>), IngestError> {
+) -> Result<Model, IngestError> {
     let mut sink = SnapshotSink::new(options.max_events);
     let parsed = if format == Format::Json {
         reader::read_json(input, &options.limits, &mut sink)
@@ -386,9 +396,9 @@ fn decode<R: Read>(
         Err(Failure::Read(error)) => return Err(IngestError::Read { error, stream }),
         Err(Failure::Sink { error, offset }) => return Err(IngestError::Model { error, offset }),
     };
-    let (protocol, offset) = (parsed.protocol, parsed.bytes_read);
+    let (protocol, offset, fast_dicts) = (parsed.protocol, parsed.bytes_read, parsed.fast_dicts);
     let snapshot = snapshot::build(parsed, sink).map_err(|error| IngestError::Model { error, offset })?;
-    Ok((snapshot, protocol))
+    Ok(Model { snapshot, protocol, fast_dicts })
 }
 
 /// Reads a snapshot file from disk.

@@ -155,6 +155,19 @@ impl<R: Read> Input<R> {
         Some(if n == 0 { 0 } else { word << (64 - 8 * n) })
     }
 
+    /// The bytes buffered ahead, for a fast path that parses them in place and then
+    /// [`advance`](Self::advance)s past what it used (or nothing, when it falls back).
+    #[inline(always)]
+    pub fn window(&self) -> &[u8] {
+        &self.buf[self.pos..self.end]
+    }
+
+    /// Consumes `n` bytes of [`window`](Self::window).
+    #[inline(always)]
+    pub fn advance(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.end);
+    }
+
     /// A newline-terminated line (text opcodes of protocols 0 and 1), without the newline.
     pub fn line<'a>(&'a mut self, max: usize, scratch: &'a mut Vec<u8>) -> Result<&'a [u8], ReadError> {
         scratch.clear();

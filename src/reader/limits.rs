@@ -22,6 +22,9 @@ pub struct Limits {
     pub max_marks: u64,
     /// Nesting of containers; snapshots nest 6 deep.
     pub max_depth: u32,
+    /// Not a limit but a switch: read trace entries through the fast path
+    /// (`pickle/entry.rs`). Off, the general machine reads everything; tests compare the two.
+    pub entry_fast_path: bool,
 }
 
 impl Default for Limits {
@@ -36,6 +39,7 @@ impl Default for Limits {
             max_stack: 1 << 20,
             max_marks: 4096,
             max_depth: 64,
+            entry_fast_path: true,
         }
     }
 }

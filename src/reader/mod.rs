@@ -41,6 +41,8 @@ pub struct Parsed {
     /// The PROTO opcode's protocol; None for JSON and for protocols 0 and 1 (which have none).
     pub protocol: Option<u8>,
     pub bytes_read: u64,
+    /// Dicts the entry fast path read (the general machine read the rest).
+    pub fast_dicts: u64,
 }
 
 /// Listens to the reader. The reader pushes; the sink decides what to keep compactly.

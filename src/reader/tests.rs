@@ -154,9 +154,14 @@ struct FoldX {
 impl Sink for FoldX {
     type Error = String;
     fn fold_dict(&mut self, heap: &Heap, items: &[Value]) -> Result<Option<u32>, String> {
-        let x = heap.strings.find("x");
-        let has_x = items.chunks_exact(2).any(|kv| matches!(kv[0], Value::Str(s) if Some(s) == x));
-        if !has_x {
+        let key = |name: &str| {
+            let k = heap.strings.find(name);
+            items.chunks_exact(2).any(|kv| matches!(kv[0], Value::Str(s) if Some(s) == k))
+        };
+        if key("bad") {
+            return Err("a bad dict".into());
+        }
+        if !key("x") {
             return Ok(None);
         }
         self.calls.push(items.len());
@@ -216,4 +221,57 @@ fn changing_a_folded_dict_is_refused() {
         Err(Failure::Read(e)) => assert!(matches!(e.kind, ErrorKind::WrongType { .. } | ErrorKind::Recursive), "{e}"),
         other => panic!("{other:?}"),
     }
+}
+
+/// Reads `bytes` with the entry fast path on and off: what each ended with (the error and its
+/// offset, or the sink's calls), which must be the same.
+fn both_paths(bytes: &[u8]) -> String {
+    let mut out = Vec::new();
+    for fast in [true, false] {
+        let limits = Limits { entry_fast_path: fast, ..Limits::default() };
+        let mut sink = FoldX { calls: Vec::new() };
+        let r = read_pickle(bytes, &limits, &mut sink);
+        out.push(match r {
+            Ok(p) => format!("ok {:?} calls {:?} protocol {:?}", p.root.type_name(), sink.calls, p.protocol),
+            Err(Failure::Read(e)) => format!("read error {e}"),
+            Err(Failure::Sink { error, offset }) => format!("sink error {error} at {offset}"),
+        });
+    }
+    assert_eq!(out[0], out[1], "fast path, then general machine");
+    out.swap_remove(0)
+}
+
+#[test]
+fn a_dict_that_holds_itself_is_refused_by_both_paths() {
+    // [{"x": 1, "me": <memo get of the dict itself>}]
+    let r = both_paths(b"\x80\x04]\x94(}\x94(\x8c\x01x\x94K\x01\x8c\x02me\x94h\x01ue.");
+    assert_eq!(r, "read error a container contains itself at byte 21");
+}
+
+#[test]
+fn a_sink_error_names_the_same_opcode_on_both_paths() {
+    // The SETITEMS of {"bad": 1} is at byte 16.
+    let r = both_paths(b"\x80\x04]\x94(}\x94(\x8c\x03bad\x94K\x01ue.");
+    assert_eq!(r, "sink error a bad dict at 16");
+}
+
+#[test]
+fn shapes_the_fast_path_leaves_alone_read_the_same() {
+    for bytes in [
+        // A FRAME opcode inside the dict.
+        &b"\x80\x04]\x94(}\x94(\x8c\x01x\x94\x95\x00\x00\x00\x00\x00\x00\x00\x00K\x01ue."[..],
+        // A BINPUT of an index already used, and one past the end.
+        b"\x80\x04]\x94(}q\x00(\x8c\x01x\x94K\x01ue.",
+        b"\x80\x04]\x94(}q\x07(\x8c\x01x\x94K\x01ue.",
+        // An empty dict, a dict of one key, a nested dict, a nine-byte int.
+        b"\x80\x04]\x94(}\x94(ue.",
+        b"\x80\x04]\x94(}\x94(\x8c\x01x\x94ue.",
+        b"\x80\x04]\x94(}\x94(\x8c\x01x\x94}\x94ue.",
+        b"\x80\x04]\x94(}\x94(\x8c\x01x\x94\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x01ue.",
+        // The input ends inside the dict.
+        b"\x80\x04]\x94(}\x94(\x8c\x01x\x94K",
+    ] {
+        both_paths(bytes);
+    }
+    assert_eq!(both_paths(b"\x80\x04]\x94(}\x94(\x8c\x01x\x94K\x01ue."), "ok \"container\" calls [2] protocol Some(4)");
 }

@@ -93,11 +93,24 @@ pub struct Heap {
     free: Vec<u32>,
     pub strings: Strings,
     values: u64,
+    /// Containers the entry fast path read without building (see `pickle/entry.rs`).
+    unbuilt: u64,
 }
 
 impl Heap {
+    /// Containers read so far, built or not: what the container limit counts.
     pub fn container_count(&self) -> u64 {
-        self.heads.len() as u64
+        self.heads.len() as u64 + self.unbuilt
+    }
+    pub(super) fn node_count(&self) -> usize {
+        self.heads.len()
+    }
+    pub(super) fn count_unbuilt(&mut self, n: u64) {
+        self.unbuilt += n;
+    }
+    /// Forgets the nodes from `len` on, which must hold no items yet (a fast path's undo).
+    pub(super) fn truncate_nodes(&mut self, len: usize) {
+        self.heads.truncate(len);
     }
     pub fn value_count(&self) -> u64 {
         self.values

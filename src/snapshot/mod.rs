@@ -70,6 +70,31 @@ impl Snapshot {
         self.streams.get(index as usize).copied().unwrap_or(0)
     }
 
+    /// The whole model as text in a fixed order (strings and stacks listed by id; the hash
+    /// maps that index them, whose order varies between processes, left out): two reads of
+    /// the same file by different paths of the reader must give the same text.
+    pub fn canonical_text(&self) -> String {
+        let mut out = format!(
+            "{:#?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{} {:?}\n",
+            self.devices,
+            self.events,
+            self.extras,
+            self.streams,
+            self.unknown_actions,
+            self.allocator_settings,
+            self.annotations,
+            self.legacy,
+            self.warnings
+        );
+        for id in 0..self.stacks.strings.len() {
+            out.push_str(&format!("str {id} {:?}\n", self.stacks.strings.get(id as u32)));
+        }
+        for id in 0..self.stacks.stack_count() {
+            out.push_str(&format!("stack {id} {:?}\n", self.stacks.frames(id as u32).collect::<Vec<_>>()));
+        }
+        out
+    }
+
     /// The compile context and user metadata of event `index` (of [`Snapshot::events`]), for
     /// the few events that carry them.
     pub fn extra(&self, index: usize) -> (Option<&str>, Option<&str>) {

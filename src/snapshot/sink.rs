@@ -195,6 +195,8 @@ pub(super) fn found(heap: &Heap, v: Value) -> String {
         Value::Node(id) => heap.kind(id).name().to_string(),
         Value::Str(s) => format!("str {:?}", heap.strings.get(s).chars().take(40).collect::<String>()),
         Value::Int(n) => format!("int {n}"),
+        Value::Folded(f) if f & STACK_TAG != 0 => "a frames list".to_string(),
+        Value::Folded(_) => "a trace entry".to_string(),
         other => other.type_name().to_string(),
     }
 }

@@ -9,6 +9,7 @@ mod diagnosis;
 mod disk_full;
 mod engines;
 mod external;
+mod fast_path;
 mod first_hour;
 mod forms;
 mod hardening;

@@ -136,6 +136,9 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
                     self.fused_memoize_mark(Value::Node(id))?;
                 }
                 op::EMPTY_DICT => {
+                    if self.limits.entry_fast_path && self.entry_fast()? {
+                        continue;
+                    }
                     let id = self.new_node(Kind::Dict)?;
                     self.push(Value::Node(id))?;
                     self.fused_memoize_mark(Value::Node(id))?;

@@ -12,6 +12,7 @@ use super::value::{Heap, Kind, Value};
 use super::{Limits, Parsed, Sink};
 
 mod dispatch;
+mod entry;
 mod opcodes;
 
 use opcodes as op;
@@ -32,6 +33,8 @@ pub(super) struct Vm<'a, R, S> {
     marks: Vec<usize>,
     memo: Memo,
     scratch: Vec<u8>,
+    fast: entry::Scratch,
+    fast_dicts: u64,
     protocol: Option<u8>,
     /// Offset of the opcode being run, for errors.
     at: u64,
@@ -50,11 +53,20 @@ pub fn read<R: Read, S: Sink>(reader: R, limits: &Limits, sink: &mut S) -> Resul
         marks: Vec::new(),
         memo: Memo::default(),
         scratch: Vec::new(),
+        fast: entry::Scratch::default(),
+        fast_dicts: 0,
         protocol: None,
         at: 0,
     };
-    let root = vm.run()?;
-    Ok(Parsed { root, heap: vm.heap, protocol: vm.protocol, bytes_read: vm.input.offset() })
+    let mut root = vm.run()?;
+    // A root dict the sink folded reads as its folded id, as it does anywhere else (and as
+    // the entry fast path leaves it).
+    if let Value::Node(id) = root
+        && let Some(f) = vm.heap.folded(id)
+    {
+        root = Value::Folded(f);
+    }
+    Ok(Parsed { root, heap: vm.heap, protocol: vm.protocol, bytes_read: vm.input.offset(), fast_dicts: vm.fast_dicts })
 }
 
 impl<R: Read, S: Sink> Vm<'_, R, S> {

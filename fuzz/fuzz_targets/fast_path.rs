@@ -1,0 +1,31 @@
+//! The reader's entry fast path against its general machine on arbitrary bytes: neither may
+//! panic, and both must end with the same model or the same error. Seed it with the reader's
+//! corpus: `cargo +nightly fuzz run fast_path corpus/reader`.
+#![no_main]
+
+use fragscope::ingest::{Options, ingest};
+use libfuzzer_sys::fuzz_target;
+
+fn read(data: &[u8], fast: bool) -> String {
+    let mut options = Options::default();
+    // Small limits, so that the fuzzer reaches them (and each run stays small).
+    options.limits.max_input_bytes = 1 << 24;
+    options.limits.max_values = 1 << 16;
+    options.limits.max_memo = 1 << 14;
+    options.limits.max_containers = 1 << 14;
+    options.limits.max_depth = 12;
+    options.limits.entry_fast_path = fast;
+    match ingest(std::io::Cursor::new(data.to_vec()), &options) {
+        Ok(i) => {
+            assert!(fast || i.fast_dicts == 0);
+            format!("{}\n{:?}", i.snapshot.canonical_text(), i.source)
+        }
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let fast = read(data, true);
+    let general = read(data, false);
+    assert!(fast == general, "the paths differ:\nfast: {fast:.2000}\ngeneral: {general:.2000}");
+});

@@ -1,0 +1,147 @@
+//! The reader's fast path for trace entries (`src/reader/pickle/entry.rs`) against its general
+//! machine: on every fixture, on the same snapshots pickled at every protocol, on mutated
+//! bytes and under tight limits, both read the same model or fail with the same message.
+//! The fast path must also really run: it reads nearly every entry of a real snapshot.
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+
+use proptest::prelude::*;
+
+use fragscope::ingest::{Options, ingest};
+
+/// The model (or the error) a read ends with, as text, and the dicts the fast path read.
+fn read(bytes: &[u8], fast: bool, tighten: &dyn Fn(&mut Options)) -> (String, u64, usize) {
+    let mut options = Options::default();
+    tighten(&mut options);
+    options.limits.entry_fast_path = fast;
+    match ingest(Cursor::new(bytes.to_vec()), &options) {
+        Ok(i) => (format!("{}\n{:?}", i.snapshot.canonical_text(), i.source), i.fast_dicts, i.snapshot.events.len()),
+        Err(e) => (format!("error: {e}"), 0, 0),
+    }
+}
+
+/// Reads `bytes` both ways and fails, naming the first line that differs, unless they agree.
+/// Returns the dicts the fast path read and the events read.
+fn same(what: &str, bytes: &[u8], tighten: &dyn Fn(&mut Options)) -> (u64, usize) {
+    let (fast, dicts, events) = read(bytes, true, tighten);
+    let (general, none, _) = read(bytes, false, tighten);
+    assert_eq!(none, 0, "{what}: the fast path ran while switched off");
+    if fast != general {
+        let line = fast.lines().zip(general.lines()).position(|(a, b)| a != b).unwrap_or(0);
+        let at = |s: &str| s.lines().skip(line.saturating_sub(2)).take(5).collect::<Vec<_>>().join("\n");
+        panic!("{what}: the paths differ at line {line}\nfast:\n{}\ngeneral:\n{}", at(&fast), at(&general));
+    }
+    (dicts, events)
+}
+
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| !p.to_string_lossy().ends_with(".json") && !p.to_string_lossy().ends_with(".py") && p.is_file())
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn every_fixture_reads_the_same_through_both_paths_and_mostly_fast() {
+    let root = crate::util::fixtures();
+    let mut checked = 0;
+    for path in files(&root).into_iter().chain(files(&root.join("categories"))) {
+        let bytes = std::fs::read(&path).unwrap();
+        let (dicts, events) = same(&path.display().to_string(), &bytes, &|_| {});
+        // Nearly every entry takes the fast path: not those whose frames are new (torch.compile
+        // and first steps make many), nor the first few (whose keys are new).
+        if events > 100 {
+            assert!(dicts as f64 >= 0.85 * events as f64, "{}: {dicts} fast of {events} events", path.display());
+        }
+        checked += 1;
+    }
+    assert!(checked >= 25, "{checked} fixtures");
+}
+
+#[test]
+fn hostile_files_fail_the_same_through_both_paths() {
+    for path in files(&crate::util::hostile()) {
+        same(&path.display().to_string(), &std::fs::read(&path).unwrap(), &|_| {});
+    }
+}
+
+#[test]
+fn external_snapshots_read_the_same_through_both_paths() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/external");
+    if !dir.is_dir() {
+        crate::util::skipped("../shared/fixtures/external is not beside this checkout");
+        return;
+    }
+    let all = files(&dir);
+    assert!(all.len() >= 33, "{} external files", all.len());
+    for path in all {
+        same(&path.display().to_string(), &std::fs::read(&path).unwrap(), &|_| {});
+    }
+}
+
+/// Python's pickler at protocols 2 and 3 memoizes with BINPUT / LONG_BINPUT and writes
+/// strings as BINUNICODE, at 4 and 5 with MEMOIZE and SHORT_BINUNICODE, and frames at 4 and up:
+/// the fast path takes all of them, and agrees with the general machine on each.
+#[test]
+fn every_pickle_protocol_reads_the_same_and_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = crate::util::snapshot_path("ddp_rank0");
+    let script = "import pickle,sys\nd=pickle.load(open(sys.argv[1],'rb'))\nfor p in (2,3,4,5):\n    pickle.dump(d, open(f'{sys.argv[2]}/p{p}.pickle','wb'), protocol=p)\n";
+    let ok = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(&source)
+        .arg(dir.path())
+        .status()
+        .expect("python3 runs");
+    assert!(ok.success());
+    for p in 2..=5 {
+        let bytes = std::fs::read(dir.path().join(format!("p{p}.pickle"))).unwrap();
+        let (dicts, events) = same(&format!("protocol {p}"), &bytes, &|_| {});
+        assert!(events > 1000 && dicts as f64 >= 0.98 * events as f64, "protocol {p}: {dicts} fast of {events}");
+    }
+}
+
+fn seed() -> Vec<u8> {
+    std::fs::read(crate::util::snapshot_path("seed_frag_default")).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// A few bytes changed anywhere, most often inside the trace: either path may refuse the
+    /// file, but both say the same.
+    #[test]
+    fn mutated_snapshots_read_the_same_through_both_paths(
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6)
+    ) {
+        let mut bytes = seed();
+        for (at, b) in edits {
+            let i = at.index(bytes.len());
+            bytes[i] = b;
+        }
+        same("mutated", &bytes, &|_| {});
+    }
+
+    /// Limits within reach of a real snapshot: the fast path leaves each to the general
+    /// machine, which names it at the same offset.
+    #[test]
+    fn tight_limits_are_met_the_same_through_both_paths(
+        memo in 1000u64..40_000,
+        values in 1000u64..60_000,
+        containers in 1000u64..30_000,
+        depth in 2u32..8,
+        strings in 200u64..20_000,
+    ) {
+        let bytes = seed();
+        same("memo", &bytes, &|o| o.limits.max_memo = memo);
+        same("values", &bytes, &|o| o.limits.max_values = values);
+        same("containers", &bytes, &|o| o.limits.max_containers = containers);
+        same("depth", &bytes, &|o| o.limits.max_depth = depth);
+        same("string bytes", &bytes, &|o| o.limits.max_total_string_bytes = strings);
+        same("events", &bytes, &|o| o.max_events = values / 10);
+    }
+}
