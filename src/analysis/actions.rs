@@ -38,8 +38,8 @@ pub fn trace_summary(snapshot: &Snapshot, device: &Device, complete: bool) -> Tr
     TraceSummary {
         events: events.len() as u64,
         actions,
-        first_time_us: events.iter().find_map(|e| e.time()),
-        last_time_us: events.iter().rev().find_map(|e| e.time()),
+        first_time_us: device.events.clone().find_map(|i| snapshot.time(i)),
+        last_time_us: device.events.clone().rev().find_map(|i| snapshot.time(i)),
         complete,
     }
 }

@@ -174,7 +174,7 @@ pub fn event(snapshot: &Snapshot, d: &Device, index: usize) -> Option<EventInfo>
         address: Addr(e.addr),
         size: e.size,
         stream: snapshot.stream(e.stream),
-        time_us: e.time(),
+        time_us: snapshot.time(d.events.start + index),
         stack: e.stack,
         call_site: call_site(&snapshot.stacks, e.stack),
         compile_context: compile_context.map(str::to_string),

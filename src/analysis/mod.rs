@@ -225,7 +225,7 @@ fn analyze_device(
     let mut pass = Pass {
         timeline: Timeline::new(if serve { events.len() } else { 0 }),
         series: serve,
-        ooms: OomObserver { snapshot, ooms: Vec::new(), count: 0, first_state: None },
+        ooms: OomObserver { snapshot, first: d.events.start, ooms: Vec::new(), count: 0, first_state: None },
         phases: memory::phases(snapshot, d),
         steps: breakdown::StepPeaks::default(),
         capture: None,
@@ -238,6 +238,9 @@ fn analyze_device(
         let replay = Replay::run_with(snapshot, d, &mut pass, depth != Depth::Report);
         (replay, freed.join().unwrap_or_else(|_| categories::frees(events)))
     });
+    if serve {
+        pass.timeline.set_times(snapshot, d.events.clone());
+    }
     let initial = replay.state_at(snapshot, None);
     let mut peak = pass.timeline.peak;
     if initial.totals.reserved_bytes >= peak.reserved_bytes {

@@ -57,6 +57,8 @@ pub const MAX_OOMS: usize = 64;
 /// Records an [`Oom`] at every `oom` event of the forward pass (the first [`MAX_OOMS`]).
 pub struct OomObserver<'a> {
     pub snapshot: &'a Snapshot,
+    /// Index in [`Snapshot::events`] of the device's first event.
+    pub first: usize,
     pub ooms: Vec<Oom>,
     /// Every `oom` event, the ones past [`MAX_OOMS`] included.
     pub count: u64,
@@ -82,7 +84,7 @@ impl Observer for OomObserver<'_> {
         }
         self.ooms.push(Oom {
             event_index: index as u64,
-            time_us: e.time(),
+            time_us: self.snapshot.time(self.first + index),
             requested_bytes: e.size,
             allocation_bytes: Rules::segment_size(e.size),
             pool: if small { "small" } else { "large" }.to_string(),

@@ -149,7 +149,7 @@ pub fn phases(snapshot: &Snapshot, device: i64, events: &[Event], first: usize) 
     out.step.reserve(events.len());
     let (mut phase, mut step, mut range) = (Phase::Other, 0u32, 0usize);
     let mut saw_optimizer = false;
-    for e in events {
+    for (i, e) in events.iter().enumerate() {
         let mut t = if e.stack == EMPTY_STACK {
             Tag::None
         } else {
@@ -159,7 +159,7 @@ pub fn phases(snapshot: &Snapshot, device: i64, events: &[Event], first: usize) 
                 None => tag(snapshot, e.stack),
             }
         };
-        if let Some(time) = e.time() {
+        if let Some(time) = snapshot.time(first + i) {
             while range < ranges.len() && ranges[range].1 < time {
                 range += 1;
             }

@@ -41,9 +41,13 @@ impl Timeline {
             active_bytes: with(events),
             pinned_free_bytes: with(events),
             largest_free_block_bytes: with(events),
-            time_us: Vec::with_capacity(events),
             ..Timeline::default()
         }
+    }
+
+    /// The times of the events the series cover (`NO_TIME` where none), from their column.
+    pub fn set_times(&mut self, snapshot: &crate::snapshot::Snapshot, events: std::ops::Range<usize>) {
+        self.time_us = events.map(|i| snapshot.time(i).unwrap_or(crate::snapshot::NO_TIME)).collect();
     }
 
     /// Only the peaks, for reports that need no series.
@@ -210,7 +214,6 @@ impl Observer for Timeline {
         self.active_bytes.push(t.active_bytes);
         self.pinned_free_bytes.push(t.pinned_free_bytes);
         self.largest_free_block_bytes.push(state.largest_free());
-        self.time_us.push(e.time_us);
         self.track_peak(index, state);
         match e.action {
             Action::SEGMENT_ALLOC | Action::SEGMENT_MAP => self.segment_events.push(index as u32),

@@ -111,7 +111,9 @@ struct Prefetch {
     done: Option<std::thread::JoinHandle<(String, u64)>>,
 }
 
-const CHUNK: usize = 1 << 20;
+/// Bytes a chunk: small enough that the chunks in flight (the channel holds four) stay a
+/// small part of the memory a read takes, big enough that the channel costs nothing.
+const CHUNK: usize = 256 << 10;
 
 impl Prefetch {
     fn start<R: Read + Send + 'static>(mut raw: R, progress: Option<Arc<AtomicU64>>) -> Self {

@@ -62,7 +62,8 @@ pub fn build(parsed: Parsed, mut sink: SnapshotSink) -> Result<Snapshot, ModelEr
         Some(v) => w.annotations(v)?,
         None => Vec::new(),
     };
-    let (mut devices, events, extras) = split_devices(by_device, traces, sink.events, sink.extras);
+    let (mut devices, events, times, extras) =
+        split_devices(by_device, traces, sink.events, sink.times, sink.extras);
     let mut warnings = Vec::new();
     for d in &mut devices {
         warnings.extend(super::validate::repair(d).into_iter().map(|w| format!("device {}: {w}", d.device)));
@@ -72,6 +73,7 @@ pub fn build(parsed: Parsed, mut sink: SnapshotSink) -> Result<Snapshot, ModelEr
     Ok(Snapshot {
         devices,
         events,
+        times,
         extras,
         stacks,
         streams: sink.streams,
@@ -89,12 +91,13 @@ fn split_devices(
     mut by_device: BTreeMap<i64, Vec<Segment>>,
     traces: Vec<Vec<u32>>,
     events: Vec<Event>,
+    times: super::Times,
     extras: Vec<Extra>,
-) -> (Vec<Device>, Vec<Event>, Vec<Extra>) {
+) -> (Vec<Device>, Vec<Event>, super::Times, Vec<Extra>) {
     let in_order = traces.iter().flatten().enumerate().all(|(i, &e)| i as u32 == e)
         && traces.iter().map(|t| t.len()).sum::<usize>() == events.len();
-    let (events, extras) = if in_order {
-        (events, extras)
+    let (events, times, extras) = if in_order {
+        (events, times, extras)
     } else {
         let mut new_index = HashMap::new();
         let mut out = Vec::with_capacity(traces.iter().map(|t| t.len()).sum());
@@ -106,7 +109,8 @@ fn split_devices(
             extras.into_iter().filter_map(|x| Some(Extra { event: *new_index.get(&x.event)?, ..x })).collect();
         // Kept in event order, so one event's extras are found by binary search.
         extras.sort_by_key(|x| x.event);
-        (out, extras)
+        let times = times.reordered(traces.iter().flatten().map(|&e| e as usize));
+        (out, times, extras)
     };
     let mut devices = Vec::new();
     let mut start = 0;
@@ -125,7 +129,7 @@ fn split_devices(
     for d in &mut devices {
         d.segments.sort_by_key(|s| s.address);
     }
-    (devices, events, extras)
+    (devices, events, times, extras)
 }
 
 struct Walker<'a> {

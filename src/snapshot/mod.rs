@@ -11,6 +11,7 @@ mod expansion;
 mod sink;
 pub(crate) mod sites;
 mod stacks;
+mod times;
 mod trace;
 mod validate;
 
@@ -18,6 +19,7 @@ pub use build::build;
 pub use error::ModelError;
 pub use sink::SnapshotSink;
 pub use stacks::{EMPTY_STACK, Frame, FrameId, StackId, Stacks};
+pub use times::Times;
 pub use trace::{Action, Event, Extra, NO_TIME};
 
 use std::ops::Range;
@@ -29,6 +31,8 @@ pub struct Snapshot {
     pub devices: Vec<Device>,
     /// Events of all devices, device after device; [`Device::events`] slices it.
     pub events: Vec<Event>,
+    /// The time of each event, by the same index: see [`Snapshot::time`].
+    pub times: Times,
     /// Compile context and user metadata of the events that carry them, by event index.
     pub extras: Vec<Extra>,
     /// Interned frames and stacks that events, segments and blocks point into.
@@ -65,6 +69,12 @@ impl Snapshot {
         &self.events[device.events.clone()]
     }
 
+    /// The time of event `index` (of [`Snapshot::events`]) in microseconds since the epoch,
+    /// when its entry had one.
+    pub fn time(&self, index: usize) -> Option<i64> {
+        self.times.get(index)
+    }
+
     /// The raw `cudaStream_t` of a stream index (0 when out of range).
     pub fn stream(&self, index: u16) -> i64 {
         self.streams.get(index as usize).copied().unwrap_or(0)
@@ -75,9 +85,10 @@ impl Snapshot {
     /// the same file by different paths of the reader must give the same text.
     pub fn canonical_text(&self) -> String {
         let mut out = format!(
-            "{:#?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{} {:?}\n",
+            "{:#?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{:?}\n{} {:?}\n",
             self.devices,
             self.events,
+            (0..self.times.len()).map(|i| self.times.get(i)).collect::<Vec<_>>(),
             self.extras,
             self.streams,
             self.unknown_actions,

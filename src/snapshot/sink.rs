@@ -36,6 +36,7 @@ pub struct SnapshotSink {
     keys: Keys,
     max_events: u64,
     pub(super) events: Vec<Event>,
+    pub(super) times: super::Times,
     pub(super) extras: Vec<Extra>,
     pub(super) stacks: Stacks,
     pub(super) streams: Vec<i64>,
@@ -61,6 +62,7 @@ impl SnapshotSink {
             keys: Keys::default(),
             max_events: max_events.min(STACK_TAG as u64 - 1),
             events: Vec::new(),
+            times: super::Times::default(),
             extras: Vec::new(),
             stacks: Stacks::default(),
             streams: Vec::new(),
@@ -278,7 +280,6 @@ impl Sink for SnapshotSink {
         let event = Event {
             addr: uint(heap, addr, || path("addr"))?,
             size: uint(heap, size, || path("size"))?,
-            time_us,
             stack: match frames {
                 // The common case, a frames list folded as it was read: no call.
                 Value::Folded(f) if f & STACK_TAG != 0 => f & !STACK_TAG,
@@ -296,6 +297,7 @@ impl Sink for SnapshotSink {
             self.extras.push(Extra { event: n as u32, compile_context, user_metadata });
         }
         self.events.push(event);
+        self.times.push((time_us != NO_TIME).then_some(time_us));
         Ok(Some(n as u32))
     }
 

@@ -58,32 +58,24 @@ impl Action {
     }
 }
 
-/// Marks an event whose entry had no `time_us`.
+/// Marks a time that was not recorded (an entry's `time_us` of this value reads as none).
 pub const NO_TIME: i64 = i64::MIN;
 
-/// One trace entry, 32 bytes. Strings that few entries carry (compile context, user metadata)
-/// live in [`super::Snapshot::extras`] instead.
+/// One trace entry, 24 bytes. Its time is in [`super::Snapshot::times`] (4 bytes more), and the
+/// strings that few entries carry (compile context, user metadata) in
+/// [`super::Snapshot::extras`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
     /// Block or segment address; for `oom`, the `device_free` bytes.
     pub addr: u64,
     /// Block or segment size; for `oom`, the request.
     pub size: u64,
-    /// Microseconds since the epoch, or [`NO_TIME`].
-    pub time_us: i64,
     /// Stack of the request.
     pub stack: super::StackId,
     /// Index into [`super::Snapshot::streams`].
     pub stream: u16,
     /// What happened.
     pub action: Action,
-}
-
-impl Event {
-    /// The time, when the entry had one.
-    pub fn time(&self) -> Option<i64> {
-        (self.time_us != NO_TIME).then_some(self.time_us)
-    }
 }
 
 /// The rarely-set strings of one event.
