@@ -8,24 +8,37 @@ use std::process::Command;
 /// The unpacked big_trace snapshot (243 MiB, 3,000,000 events), from `$FRAGSCOPE_BIG_TRACE` or
 /// unpacked once from `../shared/fixtures/real/big_trace.pickle.xz`; None if neither exists.
 pub fn big_trace() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("FRAGSCOPE_BIG_TRACE") {
+    unpacked("big_trace", "FRAGSCOPE_BIG_TRACE")
+}
+
+/// The real snapshot twice big_trace's size (495 MiB, 6,000,000 events; made by
+/// `gen_real_snapshots.py OUT big_trace_xl` on a GPU), from `$FRAGSCOPE_BIG_TRACE_XL`, or
+/// unpacked once from `big_trace_xl.pickle.xz` in `../shared/fixtures/real` or
+/// `target/bench-data`; None if there is none.
+pub fn big_trace_xl() -> Option<PathBuf> {
+    unpacked("big_trace_xl", "FRAGSCOPE_BIG_TRACE_XL")
+}
+
+fn unpacked(name: &str, var: &str) -> Option<PathBuf> {
+    if let Ok(p) = std::env::var(var) {
         return Some(PathBuf::from(p));
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let xz = root.join("../shared/fixtures/real/big_trace.pickle.xz");
-    if !xz.exists() {
-        return None;
-    }
     let dir = root.join("target/bench-data");
-    let out = dir.join("big_trace.pickle");
-    if !out.exists() {
-        std::fs::create_dir_all(&dir).unwrap();
-        let tmp = dir.join("big_trace.pickle.part");
-        let file = std::fs::File::create(&tmp).unwrap();
-        let ok = Command::new("xz").args(["-dc"]).arg(&xz).stdout(file).status().expect("xz").success();
-        assert!(ok, "xz failed");
-        std::fs::rename(&tmp, &out).unwrap();
+    let out = dir.join(format!("{name}.pickle"));
+    if out.exists() {
+        return Some(out);
     }
+    let xz = [root.join("../shared/fixtures/real"), dir.clone()]
+        .into_iter()
+        .map(|d| d.join(format!("{name}.pickle.xz")))
+        .find(|p| p.exists())?;
+    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = dir.join(format!("{name}.pickle.part"));
+    let file = std::fs::File::create(&tmp).unwrap();
+    let ok = Command::new("xz").args(["-dc"]).arg(&xz).stdout(file).status().expect("xz").success();
+    assert!(ok, "xz failed");
+    std::fs::rename(&tmp, &out).unwrap();
     Some(out)
 }
 

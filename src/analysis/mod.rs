@@ -145,7 +145,7 @@ pub struct Options {
 }
 
 /// About the most memory analysing a parsed `snapshot` holds at once, in bytes, from what it
-/// really holds rather than its file's size: the model (32 bytes an event, blocks, segments),
+/// really holds rather than its file's size: the model (28 bytes an event, blocks, segments),
 /// the timeline's columns and the per-allocation index (64 bytes an event together), and the
 /// replay's checkpoints. The server charges its analysis budget for this once a file is parsed.
 pub fn memory_needed(snapshot: &Snapshot) -> u64 {
@@ -153,7 +153,7 @@ pub fn memory_needed(snapshot: &Snapshot) -> u64 {
     let segments: u64 = snapshot.devices.iter().map(|d| d.segments.len() as u64).sum();
     let blocks: u64 = snapshot.devices.iter().flat_map(|d| &d.segments).map(|s| s.blocks.len() as u64).sum();
     let checkpoints = (events / replay::CHECKPOINT_EVERY as u64 + 2 * snapshot.devices.len() as u64) * (256 << 10);
-    events * (32 + 64) + blocks * 48 + segments * 128 + checkpoints + (16 << 20)
+    snapshot.event_bytes() + events * 64 + blocks * 48 + segments * 128 + checkpoints + (16 << 20)
 }
 
 /// Analyses a snapshot with the default options.

@@ -17,6 +17,12 @@
 //! is allocated; a container can no longer change once it is placed in another, which rules
 //! out cycles. Errors are [`ReadError`]s with the offset of the failing opcode; nothing panics.
 //!
+//! Trace entries, millions to a snapshot, are read by a fast path (`pickle/entry.rs`) that
+//! takes only the opcodes torch's entries are made of, checks what the general machine
+//! checks, and hands anything else back to it from the entry's first byte; the two are held to
+//! the same result by differential tests and a fuzz target of their own. It can be switched off
+//! ([`Limits::entry_fast_path`]).
+//!
 //! The reader depends on nothing else in the crate.
 
 mod error;

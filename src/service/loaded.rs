@@ -25,8 +25,7 @@ pub struct Entry {
 impl Entry {
     /// About what it holds in memory: the events, the replays' checkpoints, the indexes.
     pub fn bytes(&self) -> u64 {
-        let events = self.snapshot.events.len() as u64;
-        events * 32
+        self.snapshot.event_bytes()
             + self.indexes.iter().map(|i| i.bytes()).sum::<u64>()
             + self
                 .replays

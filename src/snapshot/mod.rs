@@ -75,6 +75,11 @@ impl Snapshot {
         self.times.get(index)
     }
 
+    /// Bytes the events and their times hold in memory (28 an event).
+    pub fn event_bytes(&self) -> u64 {
+        (self.events.len() * (std::mem::size_of::<Event>() + 4)) as u64
+    }
+
     /// The raw `cudaStream_t` of a stream index (0 when out of range).
     pub fn stream(&self, index: u16) -> i64 {
         self.streams.get(index as usize).copied().unwrap_or(0)
