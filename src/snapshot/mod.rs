@@ -75,9 +75,9 @@ impl Snapshot {
         self.times.get(index)
     }
 
-    /// Bytes the events and their times hold in memory (28 an event).
+    /// Bytes the events and their times hold in memory (about 28 an event).
     pub fn event_bytes(&self) -> u64 {
-        (self.events.len() * (std::mem::size_of::<Event>() + 4)) as u64
+        (self.events.len() * std::mem::size_of::<Event>()) as u64 + self.times.bytes()
     }
 
     /// The raw `cudaStream_t` of a stream index (0 when out of range).

@@ -66,6 +66,11 @@ impl Times {
         self.offsets.len()
     }
 
+    /// Bytes it holds in memory: 4 an event, and the bases and far times besides.
+    pub fn bytes(&self) -> u64 {
+        (self.offsets.len() * 4 + self.bases.len() * 16 + self.far.len() * 16) as u64
+    }
+
     /// True when there are no events.
     pub fn is_empty(&self) -> bool {
         self.offsets.is_empty()

@@ -10,6 +10,8 @@ use proptest::prelude::*;
 
 use fragscope::ingest::{Options, ingest};
 
+use crate::reader_props::{mutated, seed};
+
 /// The model (or the error) a read ends with, as text, and the dicts the fast path read.
 fn read(bytes: &[u8], fast: bool, tighten: &dyn Fn(&mut Options)) -> (String, u64, usize) {
     let mut options = Options::default();
@@ -105,10 +107,6 @@ fn every_pickle_protocol_reads_the_same_and_fast() {
     }
 }
 
-fn seed() -> Vec<u8> {
-    std::fs::read(crate::util::snapshot_path("seed_frag_default")).unwrap()
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -118,12 +116,7 @@ proptest! {
     fn mutated_snapshots_read_the_same_through_both_paths(
         edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6)
     ) {
-        let mut bytes = seed();
-        for (at, b) in edits {
-            let i = at.index(bytes.len());
-            bytes[i] = b;
-        }
-        same("mutated", &bytes, &|_| {});
+        same("mutated", &mutated(edits), &|_| {});
     }
 
     /// Limits within reach of a real snapshot: the fast path leaves each to the general

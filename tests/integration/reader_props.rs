@@ -16,8 +16,19 @@ fn check(bytes: Vec<u8>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn seed() -> Vec<u8> {
+/// The real snapshot the mutation tests start from.
+pub fn seed() -> Vec<u8> {
     std::fs::read(crate::util::snapshot_path("seed_frag_default")).unwrap()
+}
+
+/// `seed()` with the bytes at the sampled places replaced.
+pub fn mutated(edits: Vec<(prop::sample::Index, u8)>) -> Vec<u8> {
+    let mut bytes = seed();
+    for (at, b) in edits {
+        let i = at.index(bytes.len());
+        bytes[i] = b;
+    }
+    bytes
 }
 
 proptest! {
@@ -39,11 +50,6 @@ proptest! {
     fn mutated_real_snapshots_never_panic(
         edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8)
     ) {
-        let mut bytes = seed();
-        for (at, b) in edits {
-            let i = at.index(bytes.len());
-            bytes[i] = b;
-        }
-        check(bytes)?;
+        check(mutated(edits))?;
     }
 }

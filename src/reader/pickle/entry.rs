@@ -69,8 +69,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
         {
             return Ok(false);
         }
-        let heads = self.heap.node_count();
-        let memo_start = self.memo.slots.len();
+        let (heads, memo_start, at) = (self.heap.node_count(), self.memo.slots.len(), self.at);
         let mut parts = Parts {
             scratch: &mut self.fast,
             heap: &mut self.heap,
@@ -95,7 +94,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
             Ok(Fast::Fallback) => {
                 self.memo.truncate(memo_start);
                 self.heap.truncate_nodes(heads);
-                self.at = self.input.offset() - 1;
+                self.at = at;
                 Ok(false)
             }
             Err(e) => Err(e),
