@@ -107,36 +107,106 @@ pub fn block_extremes(col: &[u64]) -> (Vec<u64>, Vec<u64>) {
     (min, max)
 }
 
+/// Stored values of one column, each 1, 2, 4 or 8 bytes wide.
+#[derive(Debug, Clone, Copy)]
+pub enum Packed<'a> {
+    W1(&'a [u8]),
+    W2(&'a [u16]),
+    W4(&'a [u32]),
+    W8(&'a [u64]),
+}
+
+/// One column of values, in memory or as a timeline file stores it: value `i` is
+/// `base + (stored[i] << shift)` (wrapping, so a time column's i64 values round-trip). The
+/// decoding only grows with the stored value, so the extremes of stored values are the
+/// extremes of the values.
+#[derive(Debug, Clone, Copy)]
+pub struct Col<'a> {
+    pub packed: Packed<'a>,
+    pub base: u64,
+    pub shift: u32,
+}
+
+impl<'a> Col<'a> {
+    /// Values as they are.
+    pub fn plain(values: &'a [u64]) -> Col<'a> {
+        Col { packed: Packed::W8(values), base: 0, shift: 0 }
+    }
+
+    pub fn len(&self) -> usize {
+        match self.packed {
+            Packed::W1(v) => v.len(),
+            Packed::W2(v) => v.len(),
+            Packed::W4(v) => v.len(),
+            Packed::W8(v) => v.len(),
+        }
+    }
+
+    #[inline]
+    fn decode(&self, stored: u64) -> u64 {
+        self.base.wrapping_add(stored << self.shift)
+    }
+
+    /// Value `i`.
+    #[inline]
+    pub fn get(&self, i: usize) -> u64 {
+        let stored = match self.packed {
+            Packed::W1(v) => v[i] as u64,
+            Packed::W2(v) => v[i] as u64,
+            Packed::W4(v) => v[i] as u64,
+            Packed::W8(v) => v[i],
+        };
+        self.decode(stored)
+    }
+
+    /// Min and max of values `r` (`(u64::MAX, 0)` when empty).
+    fn extremes(&self, r: std::ops::Range<usize>) -> (u64, u64) {
+        fn scan<T: Copy + Ord + Into<u64>>(v: &[T]) -> Option<(u64, u64)> {
+            Some(((*v.iter().min()?).into(), (*v.iter().max()?).into()))
+        }
+        let found = match self.packed {
+            Packed::W1(v) => scan(&v[r]),
+            Packed::W2(v) => scan(&v[r]),
+            Packed::W4(v) => scan(&v[r]),
+            Packed::W8(v) => scan(&v[r]),
+        };
+        found.map_or((u64::MAX, 0), |(lo, hi)| (self.decode(lo), self.decode(hi)))
+    }
+}
+
+/// [`Blocks`] of a column in the column's own encoding.
+#[derive(Debug, Clone, Copy)]
+pub struct ColBlocks<'a> {
+    pub min: Col<'a>,
+    pub max: Col<'a>,
+}
+
 /// Min and max of `col[lo..hi]` (not empty), from whole blocks where they fit inside.
-fn extremes(col: &[u64], blocks: Option<Blocks>, lo: usize, hi: usize) -> (u64, u64) {
-    let raw = |r: std::ops::Range<usize>| {
-        let s = &col[r];
-        (s.iter().copied().min().unwrap_or(u64::MAX), s.iter().copied().max().unwrap_or(0))
-    };
+fn extremes(col: Col, blocks: Option<ColBlocks>, lo: usize, hi: usize) -> (u64, u64) {
     let (first, last) = (lo.div_ceil(BLOCK), hi / BLOCK);
     match blocks {
         Some(b) if first < last && b.min.len() >= last && b.max.len() >= last => {
-            let (a, z) = (raw(lo..first * BLOCK), raw(last * BLOCK..hi));
-            let mid_min = b.min[first..last].iter().copied().min().unwrap_or(u64::MAX);
-            let mid_max = b.max[first..last].iter().copied().max().unwrap_or(0);
+            let (a, z) = (col.extremes(lo..first * BLOCK), col.extremes(last * BLOCK..hi));
+            let mid_min = b.min.extremes(first..last).0;
+            let mid_max = b.max.extremes(first..last).1;
             (a.0.min(z.0).min(mid_min), a.1.max(z.1).max(mid_max))
         }
-        _ => raw(lo..hi),
+        _ => col.extremes(lo..hi),
     }
 }
 
 /// A timeline's columns wherever they live (in memory, or a mapped file), with their block
-/// extremes where stored.
+/// extremes where stored. The time column holds i64 values as u64.
 pub struct Columns<'a> {
-    pub time: &'a [i64],
-    pub series: [&'a [u64]; 5],
-    pub blocks: Option<[Blocks<'a>; 5]>,
+    pub time: Col<'a>,
+    pub series: [Col<'a>; 5],
+    pub blocks: Option<[ColBlocks<'a>; 5]>,
 }
 
 impl Columns<'_> {
     /// Events `range` in `points` buckets (see [`downsample`]).
     pub fn downsample(&self, range: std::ops::Range<usize>, points: usize) -> Downsampled {
-        downsample(self.time, self.series, self.blocks, range, points)
+        downsample_columns(self, range, points)
     }
 }
 
@@ -149,7 +219,16 @@ pub fn downsample(
     range: std::ops::Range<usize>,
     points: usize,
 ) -> Downsampled {
-    let len = time_us.len();
+    let columns = Columns {
+        time: Col::plain(bytemuck::cast_slice(time_us)),
+        series: columns.map(Col::plain),
+        blocks: blocks.map(|b| b.map(|b| ColBlocks { min: Col::plain(b.min), max: Col::plain(b.max) })),
+    };
+    downsample_columns(&columns, range, points)
+}
+
+fn downsample_columns(c: &Columns, range: std::ops::Range<usize>, points: usize) -> Downsampled {
+    let len = c.time.len();
     let range = range.start.min(len)..range.end.min(len);
     let n = range.len();
     let points = points.clamp(1, n.max(1));
@@ -161,9 +240,9 @@ pub fn downsample(
         let lo = range.start + k * n / points;
         let hi = (range.start + (k + 1) * n / points).max(lo + 1).min(range.end);
         out.event.push(lo as u64);
-        out.time_us.push(time_us[lo]);
-        for (s, col) in columns.iter().enumerate() {
-            let (min, max) = extremes(col, blocks.map(|b| b[s]), lo, hi);
+        out.time_us.push(c.time.get(lo) as i64);
+        for (s, &col) in c.series.iter().enumerate() {
+            let (min, max) = extremes(col, c.blocks.map(|b| b[s]), lo, hi);
             out.min[s].push(min);
             out.max[s].push(max);
         }

@@ -10,6 +10,13 @@
 //! `analysis::timeline::SERIES` (u64). Version 2 adds, per series, the minimum then the maximum
 //! of each block of `analysis::timeline::BLOCK` events, so a read of the whole trace touches a
 //! 64th of the values; version 1 files (written before) are still read, by full scans.
+//!
+//! Version 3 (written now) stores each column packed: after the header, six 16-byte entries
+//! (base u64, shift u8, width u8, 6 zero bytes), then the six columns and the block extremes in
+//! the same order as version 2, each value `width` bytes holding `(value - base) >> shift`,
+//! each section padded to 8 bytes. Byte counts are multiples of 512 and times span minutes,
+//! so most columns take 4 bytes a value instead of 8: a 3,000,000-event timeline is about
+//! half the size, which is half the time to write it (what an upload waits for) and to store.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -18,7 +25,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 
 use crate::analysis::Analysis;
-use crate::analysis::timeline::{BLOCK, Blocks, Columns, Timeline, block_extremes};
+use crate::analysis::timeline::{BLOCK, Col, ColBlocks, Columns, Packed, Timeline, block_extremes};
 
 #[cfg(target_endian = "big")]
 compile_error!("timeline files are read in place as little-endian values");
@@ -180,34 +187,115 @@ fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
     f.sync_all()
 }
 
+/// How a version 3 file stores one column: value `base + (stored << shift)`, `width` bytes each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    base: u64,
+    shift: u32,
+    width: usize,
+}
+
+/// Columns in a file: time, then the five series.
+const COLUMNS: usize = 6;
+/// Bytes of one column's entry in a version 3 file's directory.
+const ENTRY: usize = 16;
+
+impl Layout {
+    /// The narrowest layout that holds `values` exactly; `signed`: they are i64s (times).
+    fn of(values: &[u64], signed: bool) -> Layout {
+        let base = if signed {
+            values.iter().map(|&v| v as i64).min().map_or(0, |m| m as u64)
+        } else {
+            values.iter().copied().min().unwrap_or(0)
+        };
+        let (mut bits, mut top) = (0u64, 0u64);
+        for &v in values {
+            let d = v.wrapping_sub(base);
+            bits |= d;
+            top = top.max(d);
+        }
+        let shift = if bits == 0 { 0 } else { bits.trailing_zeros() };
+        let width = match top >> shift {
+            0..=0xff => 1,
+            0x100..=0xffff => 2,
+            0x1_0000..=0xffff_ffff => 4,
+            _ => 8,
+        };
+        Layout { base, shift, width }
+    }
+
+    /// Writes `values` packed, then zeros up to a multiple of 8 bytes.
+    fn write(&self, f: &mut impl Write, values: &[u64]) -> io::Result<()> {
+        let mut buf = Vec::with_capacity(64 << 10);
+        for chunk in values.chunks(8 << 10) {
+            buf.clear();
+            for &v in chunk {
+                let stored = v.wrapping_sub(self.base) >> self.shift;
+                buf.extend_from_slice(&stored.to_le_bytes()[..self.width]);
+            }
+            f.write_all(&buf)?;
+        }
+        let pad = padded(values.len() * self.width) - values.len() * self.width;
+        f.write_all(&[0; 8][..pad])
+    }
+
+    /// The column of `n` values at `bytes` (8-aligned in the mapping), if they fit.
+    fn col<'a>(&self, bytes: &'a [u8], n: usize) -> Option<Col<'a>> {
+        let raw = bytes.get(..n.checked_mul(self.width)?)?;
+        let packed = match self.width {
+            1 => Packed::W1(raw),
+            2 => Packed::W2(bytemuck::try_cast_slice(raw).ok()?),
+            4 => Packed::W4(bytemuck::try_cast_slice(raw).ok()?),
+            _ => Packed::W8(bytemuck::try_cast_slice(raw).ok()?),
+        };
+        Some(Col { packed, base: self.base, shift: self.shift })
+    }
+}
+
+fn padded(bytes: usize) -> usize {
+    bytes.div_ceil(8) * 8
+}
+
 fn write_timeline(path: &Path, t: &Timeline) -> io::Result<()> {
-    let mut f = io::BufWriter::new(File::create(path)?);
+    let time: &[u64] = bytemuck::cast_slice(&t.time_us);
+    let series = t.columns();
+    let layouts: Vec<Layout> =
+        std::iter::once(Layout::of(time, true)).chain(series.iter().map(|c| Layout::of(c, false))).collect();
+    let mut f = io::BufWriter::with_capacity(1 << 20, File::create(path)?);
     f.write_all(MAGIC)?;
-    f.write_all(&2u32.to_le_bytes())?;
+    f.write_all(&3u32.to_le_bytes())?;
     f.write_all(&(t.len() as u64).to_le_bytes())?;
-    for v in &t.time_us {
-        f.write_all(&v.to_le_bytes())?;
+    for l in &layouts {
+        let mut entry = [0u8; ENTRY];
+        entry[..8].copy_from_slice(&l.base.to_le_bytes());
+        (entry[8], entry[9]) = (l.shift as u8, l.width as u8);
+        f.write_all(&entry)?;
     }
-    for col in t.columns() {
-        for v in col {
-            f.write_all(&v.to_le_bytes())?;
-        }
+    layouts[0].write(&mut f, time)?;
+    for (l, col) in layouts[1..].iter().zip(series) {
+        l.write(&mut f, col)?;
     }
-    for col in t.columns() {
+    for (l, col) in layouts[1..].iter().zip(series) {
         let (min, max) = block_extremes(col);
-        for v in min.iter().chain(&max) {
-            f.write_all(&v.to_le_bytes())?;
-        }
+        l.write(&mut f, &min)?;
+        l.write(&mut f, &max)?;
     }
     f.into_inner().map_err(|e| e.into_error())?.sync_all()
+}
+
+/// How a mapped file holds its columns.
+enum Format {
+    /// Versions 1 and 2: plain 8-byte values; version 2 with block extremes.
+    Plain { blocks: bool },
+    /// Version 3: packed columns and block extremes.
+    Packed(Vec<Layout>),
 }
 
 /// A timeline file, mapped into memory.
 pub struct MappedTimeline {
     map: Mmap,
     n: usize,
-    /// Version 2: the block extremes follow the columns.
-    blocks: bool,
+    format: Format,
 }
 
 impl MappedTimeline {
@@ -222,44 +310,106 @@ impl MappedTimeline {
         }
         let version = u32::from_le_bytes(map[4..8].try_into().map_err(|_| bad())?);
         let n = usize::try_from(u64::from_le_bytes(map[8..16].try_into().map_err(|_| bad())?)).map_err(|_| bad())?;
-        let columns = n.checked_mul(8 * 6).ok_or_else(bad)?;
-        let blocks = 5 * 2 * n.div_ceil(BLOCK) * 8;
-        match version {
-            1 if map.len() == HEADER + columns => Ok(MappedTimeline { map, n, blocks: false }),
-            2 if map.len() == HEADER + columns + blocks => Ok(MappedTimeline { map, n, blocks: true }),
-            _ => Err(bad()),
+        let nb = n.div_ceil(BLOCK);
+        let format = match version {
+            1 | 2 => {
+                let columns = n.checked_mul(8 * COLUMNS).ok_or_else(bad)?;
+                let blocks = 5 * 2 * nb * 8;
+                match version {
+                    1 if map.len() == HEADER + columns => Format::Plain { blocks: false },
+                    2 if Some(map.len()) == columns.checked_add(HEADER + blocks) => Format::Plain { blocks: true },
+                    _ => return Err(bad()),
+                }
+            }
+            3 => {
+                let layouts = read_layouts(&map).ok_or_else(bad)?;
+                let size = |width: usize, count: usize| count.checked_mul(width).map(padded);
+                let mut total = Some(HEADER + COLUMNS * ENTRY);
+                for (k, l) in layouts.iter().enumerate() {
+                    let blocks = if k == 0 { Some(0) } else { size(l.width, nb).and_then(|b| b.checked_mul(2)) };
+                    total = total.and_then(|t| t.checked_add(size(l.width, n)?)?.checked_add(blocks?));
+                }
+                if total != Some(map.len()) {
+                    return Err(bad());
+                }
+                Format::Packed(layouts)
+            }
+            _ => return Err(bad()),
+        };
+        let mapped = MappedTimeline { map, n, format };
+        // Every column and block view must exist, so that reads never fail.
+        if let Format::Packed(_) = mapped.format {
+            mapped.packed_columns().ok_or_else(bad)?;
         }
+        Ok(mapped)
     }
 
     pub fn len(&self) -> usize {
         self.n
     }
 
-    fn column(&self, k: usize) -> &[u64] {
+    /// Column `k` of a version 1 or 2 file.
+    fn plain_column(&self, k: usize) -> &[u64] {
         let start = HEADER + k * self.n * 8;
         bytemuck::cast_slice(&self.map[start..start + self.n * 8])
     }
 
-    /// Series `s`'s block minimums and maximums (version 2 files).
-    fn blocks(&self, s: usize) -> Option<Blocks<'_>> {
-        if !self.blocks {
-            return None;
-        }
+    /// Series `s`'s block minimums and maximums in a version 2 file.
+    fn plain_blocks(&self, s: usize) -> ColBlocks<'_> {
         let nb = self.n.div_ceil(BLOCK);
-        let start = HEADER + 6 * self.n * 8 + s * 2 * nb * 8;
+        let start = HEADER + COLUMNS * self.n * 8 + s * 2 * nb * 8;
         let min = bytemuck::cast_slice(&self.map[start..start + nb * 8]);
         let max = bytemuck::cast_slice(&self.map[start + nb * 8..start + 2 * nb * 8]);
-        Some(Blocks { min, max })
+        ColBlocks { min: Col::plain(min), max: Col::plain(max) }
+    }
+
+    /// The columns of a version 3 file (None if the file is shorter than its directory says).
+    fn packed_columns(&self) -> Option<Columns<'_>> {
+        let Format::Packed(layouts) = &self.format else { return None };
+        let (n, nb) = (self.n, self.n.div_ceil(BLOCK));
+        let mut at = HEADER + COLUMNS * ENTRY;
+        let mut take = |l: &Layout, count: usize| {
+            let col = l.col(self.map.get(at..)?, count)?;
+            at += padded(count * l.width);
+            Some(col)
+        };
+        let time = take(&layouts[0], n)?;
+        let mut series = Vec::with_capacity(5);
+        for l in &layouts[1..] {
+            series.push(take(l, n)?);
+        }
+        let mut blocks = Vec::with_capacity(5);
+        for l in &layouts[1..] {
+            blocks.push(ColBlocks { min: take(l, nb)?, max: take(l, nb)? });
+        }
+        Some(Columns { time, series: series.try_into().ok()?, blocks: Some(blocks.try_into().ok()?) })
     }
 
     /// The columns as stored, for [`Columns::downsample`].
     pub fn columns(&self) -> Columns<'_> {
-        let time: &[i64] = bytemuck::cast_slice(self.column(0));
-        let series = [self.column(1), self.column(2), self.column(3), self.column(4), self.column(5)];
-        let blocks = (0..5).map(|s| self.blocks(s)).collect::<Option<Vec<_>>>();
-        let blocks = blocks.and_then(|b| <[Blocks; 5]>::try_from(b).ok());
-        Columns { time, series, blocks }
+        match self.format {
+            Format::Plain { blocks } => Columns {
+                time: Col::plain(self.plain_column(0)),
+                series: std::array::from_fn(|s| Col::plain(self.plain_column(s + 1))),
+                blocks: blocks.then(|| std::array::from_fn(|s| self.plain_blocks(s))),
+            },
+            // `open` checked that they exist.
+            Format::Packed(_) => self.packed_columns().expect("checked when opened"),
+        }
     }
+}
+
+/// A version 3 file's directory; None if an entry is not one it writes.
+fn read_layouts(map: &[u8]) -> Option<Vec<Layout>> {
+    let dir = map.get(HEADER..HEADER + COLUMNS * ENTRY)?;
+    dir.chunks_exact(ENTRY)
+        .map(|e| {
+            let base = u64::from_le_bytes(e[..8].try_into().ok()?);
+            let (shift, width) = (e[8] as u32, e[9] as usize);
+            let ok = shift < 64 && matches!(width, 1 | 2 | 4 | 8) && e[10..].iter().all(|&b| b == 0);
+            ok.then_some(Layout { base, shift, width })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -290,36 +440,115 @@ mod tests {
         t
     }
 
-    /// Files of this version carry block extremes; files of version 1 (written before) still
-    /// read, and both answer exactly as the in-memory timeline does.
+    /// A file of version 1 or 2 (written before), as those versions wrote it.
+    fn plain_file(t: &Timeline, version: u32) -> Vec<u8> {
+        let mut out = MAGIC.to_vec();
+        out.extend(version.to_le_bytes());
+        out.extend((t.len() as u64).to_le_bytes());
+        out.extend(t.time_us.iter().flat_map(|v| v.to_le_bytes()));
+        for col in t.columns() {
+            out.extend(col.iter().flat_map(|v| v.to_le_bytes()));
+        }
+        if version == 2 {
+            for col in t.columns() {
+                let (min, max) = block_extremes(col);
+                out.extend(min.iter().chain(&max).flat_map(|v| v.to_le_bytes()));
+            }
+        }
+        out
+    }
+
+    /// Writes `t` under `id` as this version writes it, then replaces its file with `bytes`
+    /// when given; the mapped file (or why it was refused).
+    fn stored(results: &Results, id: &str, t: &Timeline, bytes: Option<&[u8]>) -> io::Result<MappedTimeline> {
+        results.write(id, &written(&empty_analysis(), t)).unwrap();
+        if let Some(bytes) = bytes {
+            std::fs::write(results.path(id).join("timeline-0.bin"), bytes).unwrap();
+        }
+        results.timeline(id, 0)
+    }
+
+    /// Files of every version answer exactly as the in-memory timeline does: version 3
+    /// (written now, packed, with block extremes), and versions 2 and 1 (written before).
     #[test]
-    fn timeline_files_of_both_versions_read_back_the_same_buckets() {
+    fn timeline_files_of_every_version_read_back_the_same_buckets() {
         let dir = tempfile::tempdir().unwrap();
         let results = Results::new(dir.path().to_path_buf()).unwrap();
         let t = timeline(10_007);
-        let id = "a".repeat(64);
-        results.write(&id, &written(&empty_analysis(), &t)).unwrap();
-        let v2 = results.timeline(&id, 0).unwrap();
-        assert!(v2.blocks(0).is_some());
-        // A version 1 file: the same header and columns, without the blocks (under another
-        // id: rewriting a mapped file in place is what results never do).
-        let bytes = std::fs::read(dir.path().join(&id).join("timeline-0.bin")).unwrap();
-        let old = "b".repeat(64);
-        results.write(&old, &written(&empty_analysis(), &t)).unwrap();
-        let path = dir.path().join(&old).join("timeline-0.bin");
-        let mut v1 = bytes[..HEADER + 6 * 8 * t.len()].to_vec();
-        v1[4..8].copy_from_slice(&1u32.to_le_bytes());
-        std::fs::write(&path, &v1).unwrap();
-        let v1 = results.timeline(&old, 0).unwrap();
-        assert!(v1.blocks(0).is_none());
+        let v3 = stored(&results, &"a".repeat(64), &t, None).unwrap();
+        assert!(v3.columns().blocks.is_some());
+        let v2 = stored(&results, &"b".repeat(64), &t, Some(&plain_file(&t, 2))).unwrap();
+        assert!(v2.columns().blocks.is_some());
+        let v1 = stored(&results, &"c".repeat(64), &t, Some(&plain_file(&t, 1))).unwrap();
+        assert!(v1.columns().blocks.is_none());
         for (range, points) in [(0..10_007, 1000), (0..10_007, 7), (63..9_000, 100), (5..6, 3), (129..4_000, 4_000)] {
             let want = t.downsample(range.clone(), points);
-            assert_eq!(v2.columns().downsample(range.clone(), points), want, "{range:?}/{points}");
-            assert_eq!(v1.columns().downsample(range.clone(), points), want, "{range:?}/{points}");
+            for (version, file) in [(3, &v3), (2, &v2), (1, &v1)] {
+                assert_eq!(file.columns().downsample(range.clone(), points), want, "v{version} {range:?}/{points}");
+            }
         }
-        drop(v1);
-        // A truncated file is refused, not misread.
-        std::fs::write(&path, &bytes[..bytes.len() - 8]).unwrap();
-        assert!(results.timeline(&old, 0).is_err());
+        // A truncated file of any version is refused, not misread.
+        for (id, bytes) in [("d", plain_file(&t, 2)), ("e", plain_file(&t, 1))] {
+            assert!(stored(&results, &id.repeat(64), &t, Some(&bytes[..bytes.len() - 8])).is_err(), "{id}");
+        }
+        let packed = std::fs::read(results.path(&"a".repeat(64)).join("timeline-0.bin")).unwrap();
+        assert!(stored(&results, &"f".repeat(64), &t, Some(&packed[..packed.len() - 8])).is_err());
+    }
+
+    /// Byte counts torch reports (multiples of 512) and times a few minutes apart take 4 bytes
+    /// a value or fewer, so the file is at most 60% of the plain one; values that need all 64
+    /// bits, odd values, negative times and `NO_TIME` round-trip exactly.
+    #[test]
+    fn packed_columns_are_narrow_and_exact() {
+        let dir = tempfile::tempdir().unwrap();
+        let results = Results::new(dir.path().to_path_buf()).unwrap();
+        let n = 5_000usize;
+        let mut torch_like = Timeline::default();
+        let step = |k: u64| (0..n as u64).map(|i| ((i * 7919 + k * 104_729) % 60_000) * 512).collect::<Vec<u64>>();
+        (torch_like.reserved_bytes, torch_like.allocated_bytes, torch_like.active_bytes) = (step(1), step(2), step(3));
+        (torch_like.pinned_free_bytes, torch_like.largest_free_block_bytes) = (vec![0; n], step(5));
+        torch_like.time_us = (0..n as i64).map(|i| 1_700_000_000_000_000 + i * 40_000).collect();
+        let mut wild = Timeline::default();
+        let odd = |k: u64| (0..n as u64).map(|i| (i * 0x9e37_79b9_7f4a_7c15).rotate_left(k as u32) | 1).collect();
+        (wild.reserved_bytes, wild.allocated_bytes, wild.active_bytes) = (odd(1), odd(2), vec![u64::MAX; n]);
+        (wild.pinned_free_bytes, wild.largest_free_block_bytes) = ((0..n as u64).map(|i| i % 3).collect(), odd(5));
+        wild.time_us = (0..n as i64).map(|i| if i % 7 == 0 { crate::snapshot::NO_TIME } else { -i * 1_000 }).collect();
+        for (name, t) in [("torch-like", &torch_like), ("wild", &wild), ("empty", &Timeline::default())] {
+            let id = format!("{:0>64}", name.len());
+            let file = stored(&results, &id, t, None).unwrap();
+            let size = std::fs::metadata(results.path(&id).join("timeline-0.bin")).unwrap().len() as usize;
+            let plain = plain_file(t, 2).len();
+            if name == "torch-like" {
+                assert!(size * 10 <= plain * 6, "{name}: {size} bytes against {plain} plain");
+            }
+            let c = file.columns();
+            assert_eq!(c.time.len(), t.len(), "{name}");
+            for i in 0..t.len() {
+                assert_eq!(c.time.get(i) as i64, t.time_us[i], "{name}: time {i}");
+                for (s, col) in t.columns().iter().enumerate() {
+                    assert_eq!(c.series[s].get(i), col[i], "{name}: series {s} at {i}");
+                }
+            }
+            for points in [1, 13, 700] {
+                assert_eq!(c.downsample(0..t.len(), points), t.downsample(0..t.len(), points), "{name}/{points}");
+            }
+        }
+    }
+
+    /// A directory entry version 3 never writes (a width of 3, a shift past 63, stray bytes)
+    /// is refused when the file is opened.
+    #[test]
+    fn packed_files_with_a_bad_directory_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let results = Results::new(dir.path().to_path_buf()).unwrap();
+        let t = timeline(300);
+        stored(&results, &"a".repeat(64), &t, None).unwrap();
+        let bytes = std::fs::read(results.path(&"a".repeat(64)).join("timeline-0.bin")).unwrap();
+        let cases = [(HEADER + 9, 3u8), (HEADER + ENTRY + 8, 64), (HEADER + 2 * ENTRY + 12, 1)];
+        for (k, &(at, value)) in cases.iter().enumerate() {
+            let mut b = bytes.clone();
+            b[at] = value;
+            assert!(stored(&results, &format!("{k:0>64}"), &t, Some(&b)).is_err(), "case {k}");
+        }
     }
 }
