@@ -6,8 +6,7 @@
 //! allocator rounds them: a large-pool block can hold up to 1 MiB more (the rest it was not
 //! split from), which the segment map and the breakdowns count.
 
-use std::collections::HashMap;
-
+use foldhash::{HashMap, HashMapExt};
 use serde::Serialize;
 
 use super::categories::{Category, Labels};
@@ -57,19 +56,27 @@ pub fn active_by(
     let range = range.start.min(events.len())..range.end.min(events.len());
     let rules = Rules::from_settings(snapshot.allocator_settings.as_ref());
     let start_state: State = replay.state_at(snapshot, range.start.checked_sub(1));
-    let mut site_of_stack: HashMap<StackId, usize> = HashMap::new();
+    // Asked once per allocation of a whole trace (a page load): stack ids are dense, so a
+    // table rather than a hash, and foldhash rather than SipHash for the live blocks.
+    let mut site_of_stack: Vec<u32> = vec![u32::MAX; snapshot.stacks.stack_count()];
     let mut sites: Vec<Option<CallSite>> = Vec::new();
     let mut site = |stack: StackId, sites: &mut Vec<Option<CallSite>>| -> usize {
-        *site_of_stack.entry(stack).or_insert_with(|| {
-            let cs = call_site(&snapshot.stacks, stack);
-            match sites.iter().position(|s| *s == cs) {
-                Some(i) => i,
-                None => {
-                    sites.push(cs);
-                    sites.len() - 1
-                }
+        let known = site_of_stack.get(stack as usize).copied().filter(|&s| s != u32::MAX);
+        if let Some(s) = known {
+            return s as usize;
+        }
+        let cs = call_site(&snapshot.stacks, stack);
+        let i = match sites.iter().position(|s| *s == cs) {
+            Some(i) => i,
+            None => {
+                sites.push(cs);
+                sites.len() - 1
             }
-        })
+        };
+        if let Some(slot) = site_of_stack.get_mut(stack as usize) {
+            *slot = i as u32;
+        }
+        i
     };
     // The series a block belongs to: by call site, or by category (series i is Category::ALL[i]).
     let mut key = |blk: Option<&BlockRec>, event: usize, stack: StackId, sites: &mut Vec<Option<CallSite>>| match group
@@ -81,7 +88,7 @@ pub fn active_by(
         }
     };
     // Live blocks by address: a free's own stack is where it was freed, not allocated.
-    let mut live: HashMap<u64, (usize, u64)> = HashMap::new();
+    let mut live: HashMap<u64, (usize, u64)> = HashMap::with_capacity(1 << 12);
     let mut totals: Vec<u64> = Vec::new();
     for s in start_state.segment_ids() {
         for b in start_state.block_ids(s) {
