@@ -53,7 +53,27 @@ struct Snapshot {
     run: Option<String>,
     /// Snapshots to compare it with: (id, label), the other ranks of its run first.
     compare_with: Vec<(String, String)>,
+    /// The page's script modules, fetched at once rather than one import level at a time.
+    modules: &'static [&'static str],
 }
+
+/// Every module `static/js/snapshot.js` imports, directly or not (a test holds the list to the
+/// imports).
+pub(crate) const SNAPSHOT_MODULES: &[&str] = &[
+    "snapshot.js",
+    "data/columns.js",
+    "data/fragment.js",
+    "data/format.js",
+    "data/colors.js",
+    "data/layout.js",
+    "draw/segmap.js",
+    "draw/timeline.js",
+    "draw/active.js",
+    "draw/canvas.js",
+    "page/pending.js",
+    "page/controls.js",
+    "page/pinners.js",
+];
 
 struct DeviceCard {
     device: i64,
@@ -199,6 +219,7 @@ pub(crate) async fn snapshot(
         annotations: Vec::new(),
         run: row.run_id.clone(),
         compare_with: Vec::new(),
+        modules: SNAPSHOT_MODULES,
     };
     if page.ready {
         fill(&app, &row, &mut page).await?;

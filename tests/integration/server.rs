@@ -380,3 +380,56 @@ fn events_carry_their_compile_context_and_user_metadata() {
         assert_eq!(g, w, "event {i}");
     }
 }
+
+/// The modules `path` (under static/js) imports, directly or not, read from the files.
+fn imported_modules(path: &str, out: &mut Vec<String>) {
+    if out.iter().any(|m| m == path) {
+        return;
+    }
+    out.push(path.to_string());
+    let dir = std::path::Path::new(path).parent().unwrap().to_path_buf();
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("static/js").join(path);
+    let text = std::fs::read_to_string(&file).unwrap();
+    for line in text.lines().filter(|l| l.starts_with("import ")) {
+        let Some(spec) = line.split(" from \"").nth(1).and_then(|s| s.split('"').next()) else { continue };
+        let mut parts: Vec<String> = dir.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
+        for part in spec.split('/') {
+            match part {
+                "." => {}
+                ".." => {
+                    parts.pop();
+                }
+                p => parts.push(p.to_string()),
+            }
+        }
+        imported_modules(&parts.join("/"), out);
+    }
+}
+
+/// The snapshot page asks for every script module it will import, and for its analysis, in
+/// its head: the browser fetches them at once instead of one import level at a time.
+#[test]
+fn the_snapshot_page_preloads_every_module_it_imports_and_its_analysis() {
+    let server = TestServer::start(&[]);
+    let id = server.upload(&snapshot_path("seed_frag_default"))["id"].as_str().unwrap().to_string();
+    server.wait_done(&id);
+    let page = server.get(&format!("/s/{id}")).text().unwrap();
+    let head = page.split("</head>").next().unwrap();
+    let mut preloaded: Vec<String> = head
+        .split("<link rel=\"modulepreload\" href=\"/static/js/")
+        .skip(1)
+        .map(|s| s.split('"').next().unwrap().to_string())
+        .collect();
+    let mut imported = Vec::new();
+    imported_modules("snapshot.js", &mut imported);
+    assert!(imported.len() > 5, "{imported:?}");
+    preloaded.sort();
+    imported.sort();
+    assert_eq!(preloaded, imported);
+    for m in &preloaded {
+        let r = server.get(&format!("/static/js/{m}"));
+        assert_eq!(r.status().as_u16(), 200, "{m}");
+    }
+    let analysis = format!("<link rel=\"preload\" href=\"/api/v1/snapshots/{id}/analysis\" as=\"fetch\"");
+    assert!(head.contains(&analysis), "{head}");
+}
