@@ -92,15 +92,15 @@ fn main() {
                 panic!("the page never became ready");
             }
         };
-        // The first load warms the server's caches and the browser's; then three measured loads.
+        // The first load with the browser's cache empty, then three loads with it warm. A blank
+        // page between: a URL that differs only by its fragment would not load the page again.
         let mut ready = Vec::new();
         for i in 0..4 {
+            c.goto("about:blank").await.unwrap();
             c.goto(&format!("{base}/s/{id}#e={}", 2_999_999 - i)).await.unwrap();
             wait(&c).await;
             let ms: f64 = c.execute("return Number(document.body.dataset.readyMs)", vec![]).await.unwrap().as_f64().unwrap();
-            if i > 0 {
-                ready.push(ms);
-            }
+            ready.push(ms);
         }
         // The cursor: arrow keys, then jumps across the whole trace as a drag makes them.
         let timeline = c.find(Locator::Css("#timeline")).await.unwrap();
@@ -141,11 +141,18 @@ fn main() {
     println!("| step in headless Chromium | median | worst | target |");
     println!("|---|---|---|---|");
     let worst = |v: &Vec<f64>| v.iter().copied().fold(0.0, f64::max);
+    let (first, warm) = (ready[0], ready[1..].to_vec());
+    let met = |ms: f64| if ms <= 333.0 { "met" } else { "not met" };
     println!(
-        "| navigation to map and timeline drawn ({} loads) | {:.0} ms | {:.0} ms | within 1500 ms |",
-        ready.len(),
-        common::median(ready.clone()),
-        worst(&ready)
+        "| navigation to map and timeline drawn, first load (browser cache empty) | {first:.0} ms | | within 1500 ms; 333 ms (#17): {} |",
+        met(first)
+    );
+    println!(
+        "| navigation to map and timeline drawn ({} loads, browser cache warm) | {:.0} ms | {:.0} ms | within 1500 ms; 333 ms (#17): {} |",
+        warm.len(),
+        common::median(warm.clone()),
+        worst(&warm),
+        met(worst(&warm))
     );
     println!(
         "| cursor move to map redrawn ({} moves) | {:.1} ms | {:.1} ms | within 100 ms |",
