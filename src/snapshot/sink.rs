@@ -239,16 +239,18 @@ impl Sink for SnapshotSink {
     /// Folds a dict that has an `action` key into an [`Event`]; leaves every other dict alone.
     fn fold_dict(&mut self, heap: &Heap, items: &[Value]) -> Result<Option<u32>, ModelError> {
         // `prepare` interned the keys first, so their ids are small and index `fields` directly.
+        // Each field as the index of its pair (the last pair wins, as in a dict): 4 bytes a
+        // key to clear per entry rather than a whole value.
         let k = &self.keys;
-        let mut fields = [None; KEY_COUNT];
-        for kv in items.chunks_exact(2) {
-            let (key, v) = (kv[0], kv[1]);
-            if let Value::Str(key) = key
-                && let Some(slot) = fields.get_mut(key as usize) {
-                    *slot = Some(v);
-                }
+        let mut fields = [u32::MAX; KEY_COUNT];
+        for (i, kv) in items.chunks_exact(2).enumerate() {
+            if let Value::Str(key) = kv[0]
+                && let Some(slot) = fields.get_mut(key as usize)
+            {
+                *slot = i as u32;
+            }
         }
-        let field = |id: StrId| fields.get(id as usize).copied().flatten();
+        let field = |id: StrId| fields.get(id as usize).and_then(|&i| items.get(2 * i as usize + 1)).copied();
         let action = field(k.action);
         let addr = field(k.addr).or(field(k.device_free)).unwrap_or(Value::None);
         let size = field(k.size).unwrap_or(Value::None);
