@@ -226,17 +226,23 @@ fn analyze_device(
         timeline: Timeline::new(if serve { events.len() } else { 0 }),
         series: serve,
         ooms: OomObserver { snapshot, first: d.events.start, ooms: Vec::new(), count: 0, first_state: None },
-        phases: memory::phases(snapshot, d),
+        phases: phases::Phases::default(),
         steps: breakdown::StepPeaks::default(),
         capture: None,
         copies: depth == Depth::Report,
     };
-    // Which event frees each allocation needs only the events: worked out on the other core
-    // while this one replays.
+    // The phases and which event frees each allocation need only the events: worked out on
+    // the other core while this one derives the state before the trace and replays.
     let (replay, freed) = std::thread::scope(|scope| {
-        let freed = scope.spawn(|| categories::frees(events));
-        let replay = Replay::run_with(snapshot, d, &mut pass, depth != Depth::Report);
-        (replay, freed.join().unwrap_or_else(|_| categories::frees(events)))
+        let (tx, rx) = std::sync::mpsc::channel();
+        let side = scope.spawn(move || {
+            let _ = tx.send(memory::phases(snapshot, d));
+            categories::frees(events)
+        });
+        let start = replay::Start::derive(snapshot, d);
+        pass.phases = rx.recv().unwrap_or_else(|_| memory::phases(snapshot, d));
+        let replay = start.run(snapshot, d, &mut pass, depth != Depth::Report);
+        (replay, side.join().unwrap_or_else(|_| categories::frees(events)))
     });
     if serve {
         pass.timeline.set_times(snapshot, d.events.clone());

@@ -85,24 +85,34 @@ pub struct Replay {
     pub end: State,
 }
 
-impl Replay {
-    /// Replays a device's whole trace once, showing every step to `observer`, and keeps
-    /// checkpoints for [`Replay::state_at`].
-    pub fn run(snapshot: &Snapshot, device: &Device, observer: &mut dyn Observer) -> Replay {
-        Self::run_with(snapshot, device, observer, true)
-    }
+/// A device's trace ready to replay forwards: its rules, the final segments' pools, and the
+/// state before the first event derived backwards (`initial`). Apart from [`Start::run`] so
+/// that a caller can do other work beside the backward pass.
+pub struct Start {
+    rules: Rules,
+    hints: FinalHints,
+    init: initial::Initial,
+}
 
-    /// The same; without checkpoints `state_at` replays from the start (for one-shot reports).
-    pub fn run_with(snapshot: &Snapshot, device: &Device, observer: &mut dyn Observer, checkpoints: bool) -> Replay {
-        let every = if checkpoints { CHECKPOINT_EVERY } else { usize::MAX };
+impl Start {
+    /// The backward pass over a device's trace.
+    pub fn derive(snapshot: &Snapshot, device: &Device) -> Start {
         let rules = Rules::from_settings(snapshot.allocator_settings.as_ref());
         let mut hints = HashMap::new();
         for s in &device.segments {
             hints.insert(s.address, (s.total_size, s.pool, s.is_expandable));
         }
         let hints = FinalHints(hints);
+        let init = initial::derive(device, snapshot.device_events(device), &rules, &hints);
+        Start { rules, hints, init }
+    }
+
+    /// Replays the trace forwards once, showing every step to `observer`; with `checkpoints`,
+    /// keeps them for [`Replay::state_at`].
+    pub fn run(self, snapshot: &Snapshot, device: &Device, observer: &mut dyn Observer, checkpoints: bool) -> Replay {
+        let Start { rules, hints, init } = self;
+        let every = if checkpoints { CHECKPOINT_EVERY } else { usize::MAX };
         let events = snapshot.device_events(device);
-        let init = initial::derive(device, events, &rules, &hints);
         let mut warnings = Warnings::default();
         for w in init.warnings {
             warnings.push(w);
@@ -134,6 +144,19 @@ impl Replay {
             warnings,
             final_mismatches,
         }
+    }
+}
+
+impl Replay {
+    /// Replays a device's whole trace once, showing every step to `observer`, and keeps
+    /// checkpoints for [`Replay::state_at`].
+    pub fn run(snapshot: &Snapshot, device: &Device, observer: &mut dyn Observer) -> Replay {
+        Self::run_with(snapshot, device, observer, true)
+    }
+
+    /// The same; without checkpoints `state_at` replays from the start (for one-shot reports).
+    pub fn run_with(snapshot: &Snapshot, device: &Device, observer: &mut dyn Observer, checkpoints: bool) -> Replay {
+        Start::derive(snapshot, device).run(snapshot, device, observer, checkpoints)
     }
 
     /// Number of events on this device.
