@@ -208,12 +208,11 @@ impl Layout {
         } else {
             values.iter().copied().min().unwrap_or(0)
         };
-        let (mut bits, mut top) = (0u64, 0u64);
-        for &v in values {
+        // The bits any value sets above the base, and the largest: one pass, no branches.
+        let (bits, top) = values.iter().fold((0u64, 0u64), |(bits, top), &v| {
             let d = v.wrapping_sub(base);
-            bits |= d;
-            top = top.max(d);
-        }
+            (bits | d, top.max(d))
+        });
         let shift = if bits == 0 { 0 } else { bits.trailing_zeros() };
         let width = match top >> shift {
             0..=0xff => 1,
@@ -226,14 +225,24 @@ impl Layout {
 
     /// Writes `values` packed, then zeros up to a multiple of 8 bytes.
     fn write(&self, f: &mut impl Write, values: &[u64]) -> io::Result<()> {
-        let mut buf = Vec::with_capacity(64 << 10);
-        for chunk in values.chunks(8 << 10) {
-            buf.clear();
-            for &v in chunk {
-                let stored = v.wrapping_sub(self.base) >> self.shift;
-                buf.extend_from_slice(&stored.to_le_bytes()[..self.width]);
+        // Converted a chunk at a time into a typed buffer the compiler vectorizes, and written
+        // as its bytes (the files are little-endian, as this target is).
+        fn packed<T: bytemuck::Pod>(f: &mut impl Write, values: &[u64], stored: impl Fn(u64) -> T) -> io::Result<()> {
+            let mut buf: Vec<T> = Vec::with_capacity(16 << 10);
+            for chunk in values.chunks(16 << 10) {
+                buf.clear();
+                buf.extend(chunk.iter().map(|&v| stored(v)));
+                f.write_all(bytemuck::cast_slice(&buf))?;
             }
-            f.write_all(&buf)?;
+            Ok(())
+        }
+        let (base, shift) = (self.base, self.shift);
+        let stored = move |v: u64| v.wrapping_sub(base) >> shift;
+        match self.width {
+            1 => packed(f, values, |v| stored(v) as u8)?,
+            2 => packed(f, values, |v| stored(v) as u16)?,
+            4 => packed(f, values, |v| stored(v) as u32)?,
+            _ => packed(f, values, stored)?,
         }
         let pad = padded(values.len() * self.width) - values.len() * self.width;
         f.write_all(&[0; 8][..pad])
