@@ -57,7 +57,12 @@ fn main() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // ChromeDriver listens once it has started: a fixed wait was too short on a busy machine.
+    let listening = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(listening.elapsed() < Duration::from_secs(30), "chromedriver did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let profile = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let (ready, draws) = rt.block_on(async {
