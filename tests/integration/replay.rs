@@ -71,3 +71,29 @@ fn ring_truncated_is_reported_incomplete() {
     assert!(!replay.complete);
     assert!(replay.final_mismatches.is_empty(), "{:?}", replay.final_mismatches);
 }
+
+/// Watches that every state of a replay that keeps no size index (the command line's) finds
+/// the same largest free block by scanning as one that keeps it (the server's).
+struct Largest(Vec<u64>);
+
+impl Observer for Largest {
+    fn event(&mut self, _: usize, _: &Event, state: &State) {
+        self.0.push(state.largest_free());
+    }
+}
+
+#[test]
+fn the_largest_free_block_is_the_same_scanned_or_indexed_on_every_fixture() {
+    let mut compared = 0;
+    for name in fixture_names() {
+        let snap = ingest_path(&snapshot_path(&name), &Options::default()).unwrap().snapshot;
+        for d in &snap.devices {
+            let (mut indexed, mut scanned) = (Largest(Vec::new()), Largest(Vec::new()));
+            Replay::run_with(&snap, d, &mut indexed, true);
+            Replay::run_with(&snap, d, &mut scanned, false);
+            assert_eq!(indexed.0, scanned.0, "{name} device {}", d.device);
+            compared += indexed.0.iter().filter(|&&b| b > 0).count();
+        }
+    }
+    assert!(compared > 1000, "only {compared} events had a free block");
+}

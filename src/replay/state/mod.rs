@@ -141,12 +141,15 @@ impl State {
         if self.track_largest_free {
             return self.free_sizes.last_key_value().map(|(s, _)| *s).unwrap_or(0);
         }
-        let free = self
-            .blocks
-            .iter()
-            .enumerate()
-            .filter(|(i, b)| b.state == BlockState::Inactive && !self.free_blocks.contains(&(*i as u32)));
-        free.map(|(_, b)| b.size).max().unwrap_or(0)
+        // Spare arena slots marked first: a `contains` per block would be quadratic.
+        let mut spare = vec![false; self.blocks.len()];
+        for &i in &self.free_blocks {
+            if let Some(s) = spare.get_mut(i as usize) {
+                *s = true;
+            }
+        }
+        let free = self.blocks.iter().zip(&spare).filter(|(b, spare)| b.state == BlockState::Inactive && !**spare);
+        free.map(|(b, _)| b.size).max().unwrap_or(0)
     }
 
     /// A segment by index.
