@@ -85,20 +85,17 @@ impl Timeline {
     /// Events `range` in `points` buckets, each with its first event and the min and max of
     /// every series.
     pub fn downsample(&self, range: std::ops::Range<usize>, points: usize) -> Downsampled {
-        downsample(&self.time_us, self.columns(), None, range, points)
+        let columns = Columns {
+            time: Col::plain(bytemuck::cast_slice(&self.time_us)),
+            series: self.columns().map(Col::plain),
+            blocks: None,
+        };
+        columns.downsample(range, points)
     }
 }
 
 /// Events per block of [`Blocks`].
 pub const BLOCK: usize = 64;
-
-/// The minimum and maximum of each run of [`BLOCK`] events of one column (the last block may
-/// be shorter): a wide bucket then reads one value per block instead of one per event.
-#[derive(Debug, Clone, Copy)]
-pub struct Blocks<'a> {
-    pub min: &'a [u64],
-    pub max: &'a [u64],
-}
 
 /// The block minimums and maximums of `col`.
 pub fn block_extremes(col: &[u64]) -> (Vec<u64>, Vec<u64>) {
@@ -174,15 +171,17 @@ impl<'a> Col<'a> {
     }
 }
 
-/// [`Blocks`] of a column in the column's own encoding.
+/// The minimum and maximum of each run of [`BLOCK`] events of one column (the last block may
+/// be shorter), in the column's own encoding: a wide bucket then reads one value per block
+/// instead of one per event.
 #[derive(Debug, Clone, Copy)]
-pub struct ColBlocks<'a> {
+pub struct Blocks<'a> {
     pub min: Col<'a>,
     pub max: Col<'a>,
 }
 
 /// Min and max of `col[lo..hi]` (not empty), from whole blocks where they fit inside.
-fn extremes(col: Col, blocks: Option<ColBlocks>, lo: usize, hi: usize) -> (u64, u64) {
+fn extremes(col: Col, blocks: Option<Blocks>, lo: usize, hi: usize) -> (u64, u64) {
     let (first, last) = (lo.div_ceil(BLOCK), hi / BLOCK);
     match blocks {
         Some(b) if first < last && b.min.len() >= last && b.max.len() >= last => {
@@ -200,31 +199,15 @@ fn extremes(col: Col, blocks: Option<ColBlocks>, lo: usize, hi: usize) -> (u64, 
 pub struct Columns<'a> {
     pub time: Col<'a>,
     pub series: [Col<'a>; 5],
-    pub blocks: Option<[ColBlocks<'a>; 5]>,
+    pub blocks: Option<[Blocks<'a>; 5]>,
 }
 
 impl Columns<'_> {
-    /// Events `range` in `points` buckets (see [`downsample`]).
+    /// Events `range` in `points` buckets, each with its first event and the min and max of
+    /// every series; `blocks`, where present, give the same answer with fewer reads.
     pub fn downsample(&self, range: std::ops::Range<usize>, points: usize) -> Downsampled {
         downsample_columns(self, range, points)
     }
-}
-
-/// Downsamples columns (one value per event) into `points` buckets over `range`; `blocks`,
-/// where given, are each column's [`block_extremes`] (same answer, fewer reads).
-pub fn downsample(
-    time_us: &[i64],
-    columns: [&[u64]; 5],
-    blocks: Option<[Blocks; 5]>,
-    range: std::ops::Range<usize>,
-    points: usize,
-) -> Downsampled {
-    let columns = Columns {
-        time: Col::plain(bytemuck::cast_slice(time_us)),
-        series: columns.map(Col::plain),
-        blocks: blocks.map(|b| b.map(|b| ColBlocks { min: Col::plain(b.min), max: Col::plain(b.max) })),
-    };
-    downsample_columns(&columns, range, points)
 }
 
 fn downsample_columns(c: &Columns, range: std::ops::Range<usize>, points: usize) -> Downsampled {
@@ -340,12 +323,17 @@ mod tests {
             let time: Vec<i64> = (0..n as i64).collect();
             let ext: Vec<(Vec<u64>, Vec<u64>)> = cols.iter().map(|c| block_extremes(c)).collect();
             let columns: [&[u64]; 5] = std::array::from_fn(|s| cols[s].as_slice());
-            let blocks: [Blocks; 5] = std::array::from_fn(|s| Blocks { min: &ext[s].0, max: &ext[s].1 });
+            let blocks: [Blocks; 5] =
+                std::array::from_fn(|s| Blocks { min: Col::plain(&ext[s].0), max: Col::plain(&ext[s].1) });
             let (a, b) = ((next() as usize) % (n + 1), (next() as usize) % (n + 1));
             let range = a.min(b)..a.max(b);
             let points = (next() % 300) as usize + 1;
-            let full = downsample(&time, columns, None, range.clone(), points);
-            let fast = downsample(&time, columns, Some(blocks), range.clone(), points);
+            let read = |blocks| {
+                let series = columns.map(Col::plain);
+                Columns { time: Col::plain(bytemuck::cast_slice(&time)), series, blocks }
+                    .downsample(range.clone(), points)
+            };
+            let (full, fast) = (read(None), read(Some(blocks)));
             assert_eq!(
                 (full.min, full.max, full.event),
                 (fast.min, fast.max, fast.event),

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 
 use crate::analysis::Analysis;
-use crate::analysis::timeline::{BLOCK, Col, ColBlocks, Columns, Packed, Timeline, block_extremes};
+use crate::analysis::timeline::{BLOCK, Blocks, Col, Columns, Packed, Timeline, block_extremes};
 
 #[cfg(target_endian = "big")]
 compile_error!("timeline files are read in place as little-endian values");
@@ -364,12 +364,12 @@ impl MappedTimeline {
     }
 
     /// Series `s`'s block minimums and maximums in a version 2 file.
-    fn plain_blocks(&self, s: usize) -> ColBlocks<'_> {
+    fn plain_blocks(&self, s: usize) -> Blocks<'_> {
         let nb = self.n.div_ceil(BLOCK);
         let start = HEADER + COLUMNS * self.n * 8 + s * 2 * nb * 8;
         let min = bytemuck::cast_slice(&self.map[start..start + nb * 8]);
         let max = bytemuck::cast_slice(&self.map[start + nb * 8..start + 2 * nb * 8]);
-        ColBlocks { min: Col::plain(min), max: Col::plain(max) }
+        Blocks { min: Col::plain(min), max: Col::plain(max) }
     }
 
     /// The columns of a version 3 file (None if the file is shorter than its directory says).
@@ -389,7 +389,7 @@ impl MappedTimeline {
         }
         let mut blocks = Vec::with_capacity(5);
         for l in &layouts[1..] {
-            blocks.push(ColBlocks { min: take(l, nb)?, max: take(l, nb)? });
+            blocks.push(Blocks { min: take(l, nb)?, max: take(l, nb)? });
         }
         Some(Columns { time, series: series.try_into().ok()?, blocks: Some(blocks.try_into().ok()?) })
     }
