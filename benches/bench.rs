@@ -38,7 +38,7 @@ fn median(cmd: impl Fn() -> Command) -> Measure {
 
 #[path = "common.rs"]
 mod common;
-use common::{big_trace, big_trace_xl};
+use common::{big_trace, big_trace_xl, verdict};
 
 /// #17's targets for `analyze --json` on big_trace, in seconds; on a snapshot of another size
 /// the wall-time target scales with it.
@@ -64,10 +64,6 @@ fn main() {
         ),
     }
     replay_table(&snapshot);
-}
-
-fn verdict(met: bool) -> &'static str {
-    if met { "met" } else { "not met" }
 }
 
 /// `fragscope analyze --json` against Python's bare `pickle.load` of the same file, in the same

@@ -147,7 +147,7 @@ fn main() {
     println!("|---|---|---|---|");
     let worst = |v: &Vec<f64>| v.iter().copied().fold(0.0, f64::max);
     let (first, warm) = (ready[0], ready[1..].to_vec());
-    let met = |ms: f64| if ms <= 333.0 { "met" } else { "not met" };
+    let met = |ms: f64| common::verdict(ms <= 333.0);
     println!(
         "| navigation to map and timeline drawn, first load (browser cache empty) | {first:.0} ms | | within 1500 ms; 333 ms (#17): {} |",
         met(first)

@@ -42,6 +42,11 @@ fn unpacked(name: &str, var: &str) -> Option<PathBuf> {
     Some(out)
 }
 
+/// How a target reads in the tables the benches print.
+pub fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "not met" }
+}
+
 /// The middle of `v` once sorted (the upper one for an even count).
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

@@ -235,7 +235,7 @@ fn ready_after_upload(http: &reqwest::blocking::Client, base: &str, path: &std::
     for (k, announced) in [true, false, true, false, true, false].into_iter().enumerate() {
         let (upload, ready) = one_upload(http, base, path, size, 200 + k as u8, announced);
         let (how, target) = if announced {
-            let met = if ready <= 0.3 { "met" } else { "not met" };
+            let met = common::verdict(ready <= 0.3);
             ("with Content-Length: parsed while it arrives", format!("within 0.3 s (#17): {met}"))
         } else {
             ("chunked, no length: parsed after it arrives (as before)", "reference".to_string())
