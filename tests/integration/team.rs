@@ -205,3 +205,54 @@ fn uploads_stream_into_the_bucket_and_leave_no_staged_copies() {
     }
     assert!(team.s3.files("team/uploads").is_empty(), "staged copies left: {:?}", team.s3.files("team/uploads"));
 }
+
+/// Uploads of bytes whose analysis is finishing at that moment all come ready: none keeps the
+/// "analyzing" it copied from the first upload while the outcome was being recorded. Each
+/// content is the same snapshot gzipped with its own header time (so its own hash), sent once
+/// and then again and again from three threads through its analysis.
+#[test]
+fn copies_made_while_an_analysis_finishes_come_ready_with_it() {
+    let Some(team) = Team::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = replica(&team, &dir.path().join("a"));
+    let raw = std::fs::read(snapshot_path("seed_frag_default")).unwrap();
+    let url = server.url("/api/v1/snapshots");
+    let mut ids = Vec::new();
+    for mtime in 1..=12u32 {
+        let mut gz = flate2::GzBuilder::new().mtime(mtime).write(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &raw).unwrap();
+        let body = gz.finish().unwrap();
+        let first = TestServer::client().post(&url).body(body.clone()).send().unwrap();
+        assert_eq!(first.status().as_u16(), 202);
+        let first_id = first.json::<Value>().unwrap()["id"].as_str().unwrap().to_string();
+        let copies: Vec<_> = (0..3)
+            .map(|_| {
+                let (url, body, server_url) =
+                    (url.clone(), body.clone(), server.url(&format!("/api/v1/snapshots/{first_id}")));
+                std::thread::spawn(move || {
+                    let client = TestServer::client();
+                    let mut ids = Vec::new();
+                    // Until the first is ready, and a few after.
+                    let mut after = 0;
+                    while after < 3 && ids.len() < 200 {
+                        let r = client.post(&url).body(body.clone()).send().unwrap();
+                        assert_eq!(r.status().as_u16(), 202);
+                        ids.push(r.json::<Value>().unwrap()["id"].as_str().unwrap().to_string());
+                        let s: Value = client.get(&server_url).send().unwrap().json().unwrap();
+                        if s["status"] == "ready" {
+                            after += 1;
+                        }
+                    }
+                    ids
+                })
+            })
+            .collect();
+        ids.push(first_id);
+        for t in copies {
+            ids.extend(t.join().unwrap());
+        }
+    }
+    for id in &ids {
+        wait_status(&server, id, &["ready"], Duration::from_secs(30));
+    }
+}

@@ -250,8 +250,20 @@ async fn get(c: &mut Conn, id: &str) -> Result<Option<SnapshotRow>, sqlx::Error>
     r.as_ref().map(row).transpose()
 }
 
-/// `r` with the analysis state of the first upload of the same bytes, in one statement (so an
-/// analysis finishing meanwhile updates it or is copied); None when there is no such upload.
+/// Holds the content key of `sha256` until the transaction ends, on Postgres. Every write that
+/// reads or sets the analysis state of all uploads of some bytes takes it first: Postgres
+/// (read committed) lets an `INSERT .. SELECT` copy a row's state while another transaction
+/// updates that row, and the update never sees the new row, which then keeps "analyzing"
+/// forever. SQLite runs one writer at a time, so there it needs nothing.
+async fn lock_content(c: &mut Conn, engine: Engine, sha256: &str) -> Result<(), sqlx::Error> {
+    if engine == Engine::Postgres {
+        sqlx::query("SELECT sha256 FROM contents WHERE sha256 = $1 FOR UPDATE").bind(sha256).fetch_optional(c).await?;
+    }
+    Ok(())
+}
+
+/// `r` with the analysis state of the first upload of the same bytes (the caller holds the
+/// content key, see [`lock_content`]); None when there is no such upload.
 async fn insert_copy(c: &mut Conn, r: &SnapshotRow) -> Result<Option<SnapshotRow>, sqlx::Error> {
     let done = sqlx::query(
         "INSERT INTO snapshots (id, sha256, name, note, bytes, status, error, verdict, created_at, run_id, rank, summary)
@@ -277,8 +289,11 @@ impl Meta {
     /// A new upload of bytes already stored, sharing their analysis; None when no upload of
     /// them is left.
     pub async fn insert_copy(&self, r: &SnapshotRow) -> Result<Option<SnapshotRow>, StoreError> {
-        let mut c = self.pool.acquire().await?;
-        Ok(insert_copy(&mut c, r).await?)
+        let mut tx = self.pool.begin().await?;
+        lock_content(&mut tx, self.engine, &r.sha256).await?;
+        let copy = insert_copy(&mut tx, r).await?;
+        tx.commit().await?;
+        Ok(copy)
     }
 
     /// Adds an upload whose blob is stored. The content's key is claimed with a unique
@@ -295,6 +310,7 @@ impl Meta {
                 .await?
                 .rows_affected()
                 == 1;
+        lock_content(&mut tx, self.engine, &r.sha256).await?;
         if !won && let Some(copy) = insert_copy(&mut tx, r).await? {
             tx.commit().await?;
             return Ok((copy, false));
@@ -340,11 +356,15 @@ impl Meta {
     /// was no such upload. The last one takes the content's key and queued analysis with it.
     pub async fn delete(&self, id: &str) -> Result<Option<(String, u64)>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let sha: Option<String> = sqlx::query_scalar("DELETE FROM snapshots WHERE id = $1 RETURNING sha256")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let sha: Option<String> =
+            sqlx::query_scalar("SELECT sha256 FROM snapshots WHERE id = $1").bind(id).fetch_optional(&mut *tx).await?;
         let Some(sha) = sha else { return Ok(None) };
+        // Counting the uploads left is only true while none is being added.
+        lock_content(&mut tx, self.engine, &sha).await?;
+        let deleted = sqlx::query("DELETE FROM snapshots WHERE id = $1").bind(id).execute(&mut *tx).await?;
+        if deleted.rows_affected() == 0 {
+            return Ok(None);
+        }
         let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM snapshots WHERE sha256 = $1")
             .bind(&sha)
             .fetch_one(&mut *tx)

@@ -122,6 +122,9 @@ impl Meta {
         summary: Option<&Summary>,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
+        // An upload of the same bytes added meanwhile is then either updated here or copies
+        // the outcome.
+        super::lock_content(&mut tx, self.engine, sha256).await?;
         sqlx::query("UPDATE snapshots SET status = $1, error = $2, verdict = $3, summary = $4, analyzed_at = $5 WHERE sha256 = $6")
             .bind(status.as_str())
             .bind(error)
