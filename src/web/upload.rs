@@ -46,6 +46,10 @@ fn field_limit(name: &str) -> usize {
     }
 }
 
+/// Most a form may hold beside its file: the text fields and the parts' headers, a generous
+/// bound (an announced form longer than the upload limit and this is refused unread).
+const FORM_FIELDS: u64 = 1 << 20;
+
 /// Fields the server does not read are skipped, up to this size each.
 const OTHER_FIELD: usize = 16 << 10;
 
@@ -183,6 +187,23 @@ pub(crate) async fn receive(
     max: u64,
     idle: std::time::Duration,
 ) -> Result<Received, ApiError> {
+    let headers = request.headers();
+    let announced: Option<u64> =
+        headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse().ok());
+    // A form holds the file and a few bounded text fields.
+    let room = if is_form(headers) { max.saturating_add(FORM_FIELDS) } else { max };
+    if let Some(announced) = announced.filter(|&a| a > room) {
+        let refused = ApiError::TooLarge(format!(
+            "the upload is {announced} bytes, larger than the server's limit of {max} bytes"
+        ));
+        // A client that waits for "100 Continue" (curl does for big files) sends nothing more.
+        let waits =
+            headers.get(axum::http::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        if !waits {
+            drain_body(&mut request.into_body().into_data_stream(), idle).await;
+        }
+        return Err(refused);
+    }
     let mut spool = Spool::new(temp.0, temp.1, max, idle, also);
     let got = match receive_into(request, &mut spool, idle).await {
         Ok(form) => spool.finish(form).await,
@@ -194,22 +215,38 @@ pub(crate) async fn receive(
     got
 }
 
-/// Writes the body (or the form's file field) to `spool`; returns the form's text fields.
-async fn receive_into(request: Request, spool: &mut Spool, idle: std::time::Duration) -> Result<Form, ApiError> {
-    let is_form = request
-        .headers()
+fn is_form(headers: &axum::http::HeaderMap) -> bool {
+    headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("multipart/form-data"));
-    if !is_form {
+        .is_some_and(|v| v.starts_with("multipart/form-data"))
+}
+
+/// Writes the body (or the form's file field) to `spool`; returns the form's text fields.
+async fn receive_into(request: Request, spool: &mut Spool, idle: std::time::Duration) -> Result<Form, ApiError> {
+    if !is_form(request.headers()) {
         let mut body = request.into_body().into_data_stream();
         while let Some(chunk) = tokio::time::timeout(idle, body.next()).await.map_err(|_| too_slow(idle))? {
             let chunk: Bytes = chunk.map_err(|e| ApiError::BadRequest(format!("the upload was cut off: {e}")))?;
-            spool.write(chunk).await?;
+            if let Err(e) = spool.write(chunk).await {
+                if matches!(e, ApiError::TooLarge(_)) {
+                    drain_body(&mut body, idle).await;
+                }
+                return Err(e);
+            }
         }
         return Ok(Form::default());
     }
     let mut form = Multipart::from_request(request, &()).await.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let got = read_form(&mut form, spool, idle).await;
+    if let Err(ApiError::TooLarge(_)) = got {
+        drain_form(&mut form, Drain::new(), idle).await;
+    }
+    got
+}
+
+/// Writes the form's file field to `spool`; returns its text fields.
+async fn read_form(form: &mut Multipart, spool: &mut Spool, idle: std::time::Duration) -> Result<Form, ApiError> {
     let (mut form_fields, mut got_file) = (Form::default(), false);
     while let Some(mut field) = tokio::time::timeout(idle, form.next_field())
         .await
@@ -243,6 +280,50 @@ async fn receive_into(request: Request, spool: &mut Spool, idle: std::time::Dura
     Ok(form_fields)
 }
 
+/// A refused upload is read on and thrown away, for at most `DRAIN_TIME` and `DRAIN_BYTES`,
+/// before the 413 goes out: a server that answers and closes while the client is still
+/// sending makes the client's side see a reset, and curl or requests then report "connection
+/// reset" instead of the answer that names the limit (nginx's "lingering close" is the same).
+/// Past the bounds the connection is closed as before.
+struct Drain {
+    until: std::time::Instant,
+    left: u64,
+}
+
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+const DRAIN_BYTES: u64 = 1 << 30;
+
+impl Drain {
+    fn new() -> Drain {
+        Drain { until: std::time::Instant::now() + DRAIN_TIME, left: DRAIN_BYTES }
+    }
+
+    /// Counts a chunk read; false when there is none or the bounds are reached.
+    fn take(&mut self, chunk: Option<Bytes>) -> bool {
+        let Some(chunk) = chunk else { return false };
+        self.left = self.left.saturating_sub(chunk.len() as u64);
+        self.left > 0 && std::time::Instant::now() < self.until
+    }
+}
+
+/// Reads what is left of a refused raw body, within the bounds of [`Drain`].
+async fn drain_body(body: &mut axum::body::BodyDataStream, idle: std::time::Duration) {
+    let mut drain = Drain::new();
+    while drain.take(tokio::time::timeout(idle, body.next()).await.ok().flatten().and_then(Result::ok)) {}
+}
+
+/// Reads what is left of a refused form (multer skips the rest of the field that was being
+/// read), within the bounds of `drain`.
+async fn drain_form(form: &mut Multipart, mut drain: Drain, idle: std::time::Duration) {
+    loop {
+        let Ok(Ok(Some(mut field))) = tokio::time::timeout(idle, form.next_field()).await else { return };
+        while drain.take(next_chunk(&mut field, idle).await.ok().flatten()) {}
+        if drain.left == 0 || std::time::Instant::now() >= drain.until {
+            return;
+        }
+    }
+}
+
 async fn next_chunk(
     field: &mut axum::extract::multipart::Field<'_>,
     idle: std::time::Duration,
@@ -265,7 +346,9 @@ async fn text_field(
     while let Some(chunk) = next_chunk(field, idle).await? {
         if bytes.len() + chunk.len() > max {
             let shown: String = field_name.chars().filter(|c| c.is_ascii_graphic()).take(40).collect();
-            return Err(ApiError::TooLarge(format!("the form field `{shown}` is longer than its limit of {max} bytes")));
+            return Err(ApiError::TooLarge(format!(
+                "the form field `{shown}` is longer than its limit of {max} bytes"
+            )));
         }
         bytes.extend_from_slice(&chunk);
     }

@@ -147,6 +147,48 @@ fn uploads_over_the_limit_get_413_and_nothing_is_kept() {
     assert!(server.get_json("/api/v1/snapshots").as_array().unwrap().is_empty());
 }
 
+/// An upload far over the limit still gets its 413 naming the limit, never a reset
+/// connection: the server reads the rest and throws it away before it answers, whether the
+/// size was announced (Content-Length) or only found on the way (chunked, and a form). A
+/// client that waits for "100 Continue" is answered before it sends anything.
+#[test]
+fn uploads_far_over_the_limit_get_their_413_and_not_a_reset() {
+    let server = TestServer::start(&["--max-upload", "100KB"]);
+    let client = TestServer::client();
+    let big = vec![b'x'; 24 << 20];
+    let url = server.url("/api/v1/snapshots");
+    let check = |r: reqwest::Result<reqwest::blocking::Response>, how: &str| {
+        let r = r.unwrap_or_else(|e| panic!("{how}: no answer but {e:?}"));
+        assert_eq!(r.status().as_u16(), 413, "{how}");
+        let e: Value = r.json().unwrap();
+        assert!(e["detail"].as_str().unwrap_or_default().contains("limit"), "{how}: {e}");
+    };
+    for round in 0..3 {
+        check(client.post(&url).body(big.clone()).send(), &format!("announced, round {round}"));
+        let chunked = Body::new(std::io::Cursor::new(big.clone()));
+        check(client.post(&url).body(chunked).send(), &format!("chunked, round {round}"));
+        let form = multipart::Form::new()
+            .text("note", "n")
+            .part("file", multipart::Part::reader(std::io::Cursor::new(big.clone())).file_name("big.pickle"));
+        check(client.post(&url).multipart(form).send(), &format!("form, round {round}"));
+    }
+    // Headers only, announcing a gigabyte and waiting to be told to go on.
+    use std::io::Write;
+    let addr = server.base.trim_start_matches("http://").to_string();
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+    write!(
+        conn,
+        "POST /api/v1/snapshots HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 1000000000\r\nExpect: 100-continue\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = [0u8; 12];
+    conn.read_exact(&mut answer).unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 413", "{}", String::from_utf8_lossy(&answer));
+    assert!(std::fs::read_dir(server.data.join("tmp")).unwrap().next().is_none(), "temp file left");
+    assert!(server.get_json("/api/v1/snapshots").as_array().unwrap().is_empty());
+}
+
 #[test]
 pub fn a_restart_serves_every_link_without_parsing_again() {
     let mut server = TestServer::start(&[]);
