@@ -15,7 +15,10 @@ use crate::snapshot::{BlockState, EMPTY_STACK, Pool, PoolKind, StackId};
 /// No block, segment or event.
 pub const NIL: u32 = u32::MAX;
 
+mod free_sizes;
 mod mapping;
+
+use free_sizes::FreeSizes;
 
 /// One block as the replay tracks it.
 #[derive(Debug, Clone)]
@@ -123,7 +126,7 @@ pub struct State {
     free_segments: Vec<u32>,
     seg_by_addr: BTreeMap<u64, u32>,
     /// Multiset of inactive block sizes, for the largest free block at every event.
-    free_sizes: BTreeMap<u64, u32>,
+    free_sizes: FreeSizes,
     /// Whether `free_sizes` is kept (a replay for a one-shot report does without).
     pub track_largest_free: bool,
     /// The running totals.
@@ -139,7 +142,7 @@ impl State {
     /// The largest inactive block anywhere.
     pub fn largest_free(&self) -> u64 {
         if self.track_largest_free {
-            return self.free_sizes.last_key_value().map(|(s, _)| *s).unwrap_or(0);
+            return self.free_sizes.largest();
         }
         // Spare arena slots marked first: a `contains` per block would be quadratic.
         let mut spare = vec![false; self.blocks.len()];
@@ -208,14 +211,10 @@ impl State {
             BlockState::Inactive if !self.track_largest_free => sign(&mut s.inactive, size),
             BlockState::Inactive => {
                 sign(&mut s.inactive, size);
-                let count = self.free_sizes.entry(size).or_insert(0);
                 if add {
-                    *count += 1;
+                    self.free_sizes.add(size);
                 } else {
-                    *count -= 1;
-                    if *count == 0 {
-                        self.free_sizes.remove(&size);
-                    }
+                    self.free_sizes.remove(size);
                 }
             }
             BlockState::ActiveAllocated | BlockState::ActivePendingFree => {
