@@ -29,6 +29,7 @@ pub(crate) const ASSETS: &[(&str, &str, &[u8])] = assets! {
     "js/data/fragment.js" => "text/javascript; charset=utf-8",
     "js/data/layout.js" => "text/javascript; charset=utf-8",
     "js/data/colors.js" => "text/javascript; charset=utf-8",
+    "js/data/requests.js" => "text/javascript; charset=utf-8",
     "js/draw/canvas.js" => "text/javascript; charset=utf-8",
     "js/draw/segmap.js" => "text/javascript; charset=utf-8",
     "js/draw/timeline.js" => "text/javascript; charset=utf-8",
@@ -36,6 +37,7 @@ pub(crate) const ASSETS: &[(&str, &str, &[u8])] = assets! {
     "js/page/pending.js" => "text/javascript; charset=utf-8",
     "js/page/controls.js" => "text/javascript; charset=utf-8",
     "js/page/pinners.js" => "text/javascript; charset=utf-8",
+    "js/page/early.js" => "text/javascript; charset=utf-8",
     "openapi.json" => "application/json",
     "favicon.svg" => "image/svg+xml",
 };

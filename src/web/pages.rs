@@ -58,11 +58,14 @@ struct Snapshot {
 }
 
 /// Every module `static/js/snapshot.js` imports, directly or not (a test holds the list to the
-/// imports).
+/// imports), in the order the page's head preloads them.
 pub(crate) const SNAPSHOT_MODULES: &[&str] = &[
+    // First what `page/early.js` needs, so that the first view's data is asked for soonest.
+    "page/early.js",
+    "data/requests.js",
+    "data/fragment.js",
     "snapshot.js",
     "data/columns.js",
-    "data/fragment.js",
     "data/format.js",
     "data/colors.js",
     "data/layout.js",

@@ -3,7 +3,7 @@
 // forms and tables in page/.
 
 import { decodeTimeline } from "./data/columns.js";
-import { parse, format } from "./data/fragment.js";
+import { format } from "./data/fragment.js";
 import { bytes, eventLabel } from "./data/format.js";
 import { siteKey } from "./data/colors.js";
 import { SegMap } from "./draw/segmap.js";
@@ -12,6 +12,8 @@ import { bindWhatIf, bindCopy, bindDelete, bindCompare } from "./page/controls.j
 import { renderPinners } from "./page/pinners.js";
 import { Timeline } from "./draw/timeline.js";
 import { drawActive } from "./draw/active.js";
+import { firstView, stateUrl, pinnersUrl, timelineUrl, activeUrl } from "./data/requests.js";
+import { take } from "./page/early.js";
 
 const app = document.getElementById("app");
 const id = app.dataset.id;
@@ -24,12 +26,10 @@ else ready();
 
 function ready() {
   const sections = [...document.querySelectorAll("section.device")];
-  const state = parse(location.hash);
-  const devices = sections.map((s) => Number(s.dataset.device));
-  if (state.device === null || !devices.includes(state.device)) state.device = devices[0];
+  const devices = sections.map((s) => ({ device: Number(s.dataset.device), events: Number(s.dataset.events), start: Number(s.dataset.start) }));
+  const state = firstView(location.hash, devices);
   const section = () => sections.find((s) => Number(s.dataset.device) === state.device);
   const events = () => Number(section().dataset.events);
-  if (state.event === null || state.event >= events()) state.event = Number(section().dataset.start);
 
   const label = document.getElementById("event-label");
   const sortSel = document.getElementById("sort");
@@ -122,7 +122,7 @@ function ready() {
       if (mapRequest) mapRequest.abort();
       mapRequest = new AbortController();
       try {
-        const r = await fetch(`${api}/devices/${state.device}/state?event=${e}`, { signal: mapRequest.signal });
+        const r = await take(stateUrl(api, state.device, e), { signal: mapRequest.signal });
         if (!r.ok) return;
         m = await r.json();
       } catch {
@@ -138,7 +138,7 @@ function ready() {
   }
 
   async function loadPinners(e) {
-    const r = await fetch(`${api}/devices/${state.device}/pinners?event=${e}`);
+    const r = await take(pinnersUrl(api, state.device, e));
     if (!r.ok || state.event !== e) return;
     const p = await r.json();
     pinnersAt.textContent = `after event ${e}: ${bytes(p.pinned.bytes)} pinned in ${p.pinned.segments} segments`;
@@ -157,8 +157,7 @@ function ready() {
   async function loadTimeline() {
     const canvas = document.getElementById("timeline");
     const [start, end] = state.range || [0, events()];
-    const points = Math.max(50, Math.min(4000, Math.round(canvas.clientWidth)));
-    const r = await fetch(`${api}/devices/${state.device}/timeline?start=${start}&end=${end}&points=${points}&format=bin`);
+    const r = await take(timelineUrl(api, state.device, [start, end], canvas.clientWidth));
     if (!r.ok) return;
     const tl = decodeTimeline(await r.arrayBuffer());
     const dev = (analysis || (await analysisLoaded)).devices.find((d) => d.device === state.device);
@@ -169,10 +168,9 @@ function ready() {
   async function loadActive() {
     const canvas = document.getElementById("active");
     const [start, end] = state.range || [0, events()];
-    const points = Math.max(50, Math.min(1000, Math.round(canvas.clientWidth / 2)));
     const by = state.colour === "category" ? "category" : "site";
     document.getElementById("active-by").textContent = by === "category" ? "by what it holds" : "by call site";
-    const r = await fetch(`${api}/devices/${state.device}/active?start=${start}&end=${end}&points=${points}&top=8&by=${by}`);
+    const r = await take(activeUrl(api, state.device, [start, end], canvas.clientWidth, by));
     if (!r.ok) return;
     drawActive(canvas, document.getElementById("active-legend"), await r.json());
   }

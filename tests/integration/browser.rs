@@ -397,3 +397,41 @@ fn a_link_opened_cold_restores_the_sort_and_the_selected_blocks_details() {
         c.close().await.unwrap();
     });
 }
+
+/// The first view's data is asked for once, by the head's early module, while the rest of
+/// the page loads: each data request of a page load goes out once (a URL the page built
+/// differently would go out twice), and the page still draws what the link asks for.
+#[test]
+fn a_page_load_asks_for_each_piece_of_its_first_view_once() {
+    let Some(d) = driver() else { return };
+    let server = TestServer::start(&[]);
+    let id = server.upload(&snapshot_path("two_devices"))["id"].as_str().unwrap().to_string();
+    server.wait_done(&id);
+    runtime().block_on(async {
+        let c = browser(&d).await;
+        for fragment in ["", "#d=1&e=3&c=category", "#e=2&r=1-5"] {
+            c.goto("about:blank").await.unwrap();
+            c.goto(&server.url(&format!("/s/{id}{fragment}"))).await.unwrap();
+            wait_ready(&c).await;
+            let urls = js(
+                &c,
+                "return performance.getEntriesByType('resource').map(e => e.name).filter(n => n.includes('/devices/'))",
+            )
+            .await;
+            let urls: Vec<String> = urls.as_array().unwrap().iter().map(|u| u.as_str().unwrap().to_string()).collect();
+            for kind in ["/state?", "/pinners?", "/timeline?", "/active?"] {
+                let n = urls.iter().filter(|u| u.contains(kind)).count();
+                assert_eq!(n, 1, "{fragment}: {kind} asked {n} times: {urls:?}");
+            }
+            if fragment.contains("d=1") {
+                assert!(urls.iter().all(|u| u.contains("/devices/1/")), "{urls:?}");
+                assert!(urls.iter().any(|u| u.contains("state?event=3")), "{urls:?}");
+                assert!(urls.iter().any(|u| u.contains("by=category")), "{urls:?}");
+            }
+            if fragment.contains("r=1-5") {
+                assert!(urls.iter().any(|u| u.contains("timeline?start=1&end=5")), "{urls:?}");
+            }
+        }
+        c.close().await.unwrap();
+    });
+}

@@ -7,6 +7,7 @@ import { parse, format } from "../../static/js/data/fragment.js";
 import { runs, order, fit, hit, zoom, rowAt, ROW } from "../../static/js/data/layout.js";
 import { siteColor, hash } from "../../static/js/data/colors.js";
 import { bytes, eventLabel } from "../../static/js/data/format.js";
+import { firstView, stateUrl, timelineUrl, activeUrl } from "../../static/js/data/requests.js";
 
 function timeline(n, start, end) {
   const v = [n, start, end];
@@ -155,4 +156,25 @@ test("more than 8 ranks become small multiples; ranks sort by rank or peak", () 
   const ranks = [{ rank: 0, peak_reserved_bytes: 5 }, { rank: 1, peak_reserved_bytes: 9 }, { rank: 2, peak_reserved_bytes: null }];
   assert.deepEqual(sortRanks(ranks, "peak").map((r) => r.rank), [1, 0, 2]);
   assert.deepEqual(sortRanks(ranks, "rank").map((r) => r.rank), [0, 1, 2]);
+});
+
+test("the first view fills the fragment's gaps, and its requests are the same URLs each time", () => {
+  const devices = [
+    { device: 0, events: 100, start: 3 },
+    { device: 2, events: 50, start: 0 },
+  ];
+  assert.deepEqual([firstView("", devices).device, firstView("", devices).event], [0, 3]);
+  const v = firstView("#d=2&e=49&r=10-20&c=category", devices);
+  assert.deepEqual([v.device, v.event, v.range, v.colour], [2, 49, [10, 20], "category"]);
+  // An unknown device falls back to the first; an event past the end to the device's start.
+  assert.deepEqual([firstView("#d=7&e=100", devices).device, firstView("#d=7&e=100", devices).event], [0, 3]);
+  assert.equal(firstView("#d=2&e=50", devices).event, 0);
+  const api = "/api/v1/snapshots/x";
+  assert.equal(stateUrl(api, 2, 49), "/api/v1/snapshots/x/devices/2/state?event=49");
+  // A point per pixel for the timeline, per two for the chart, within their bounds.
+  assert.equal(timelineUrl(api, 0, [0, 100], 1150.4), "/api/v1/snapshots/x/devices/0/timeline?start=0&end=100&points=1150&format=bin");
+  assert.match(timelineUrl(api, 0, [0, 100], 10), /points=50&/);
+  assert.match(timelineUrl(api, 0, [0, 100], 9000), /points=4000&/);
+  assert.equal(activeUrl(api, 0, [5, 9], 1150, "site"), "/api/v1/snapshots/x/devices/0/active?start=5&end=9&points=575&top=8&by=site");
+  assert.match(activeUrl(api, 0, [5, 9], 5000, "category"), /points=1000&top=8&by=category$/);
 });

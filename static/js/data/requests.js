@@ -1,0 +1,32 @@
+// The page's data requests, built in one place so that the early ones (page/early.js) and
+// the page's own (snapshot.js) are the same URLs. Pure: no DOM.
+
+import { parse } from "./fragment.js";
+
+/** The view a fragment opens on devices `[{device, events, start}]`: its device, event,
+ *  range and colouring, with the defaults filled in (the first device, its first event). */
+export function firstView(hash, devices) {
+  const state = parse(hash);
+  const ids = devices.map((d) => d.device);
+  if (state.device === null || !ids.includes(state.device)) state.device = ids[0];
+  const d = devices.find((x) => x.device === state.device);
+  if (d && (state.event === null || state.event >= d.events)) state.event = d.start;
+  return state;
+}
+
+export const stateUrl = (api, device, event) => `${api}/devices/${device}/state?event=${event}`;
+
+export const pinnersUrl = (api, device, event) => `${api}/devices/${device}/pinners?event=${event}`;
+
+/** The timeline over `[start, end]`, a point per pixel of a canvas `width` wide. */
+export function timelineUrl(api, device, [start, end], width) {
+  const points = Math.max(50, Math.min(4000, Math.round(width)));
+  return `${api}/devices/${device}/timeline?start=${start}&end=${end}&points=${points}&format=bin`;
+}
+
+/** The chart of active memory over `[start, end]`, a point per two pixels, by call site or
+ *  by what the blocks hold. */
+export function activeUrl(api, device, [start, end], width, by) {
+  const points = Math.max(50, Math.min(1000, Math.round(width / 2)));
+  return `${api}/devices/${device}/active?start=${start}&end=${end}&points=${points}&top=8&by=${by}`;
+}

@@ -1,0 +1,58 @@
+// The first view's data requests, started while the rest of the page's modules load. The
+// page's head loads this module on its own (async), so it runs once it and its two small
+// imports are here, long before snapshot.js's whole graph is; snapshot.js imports the same
+// module (one instance per URL) and `take`s a response whose URL it asks for. Canvas widths
+// are part of the URLs, so it waits for the document to be parsed and styled first; a URL
+// that differs after all (the layout changed) is fetched as before.
+
+import { firstView, stateUrl, pinnersUrl, timelineUrl, activeUrl } from "../data/requests.js";
+
+const started = new Map();
+
+/** The early response for `url` if one was started (once), else a new fetch. */
+export function take(url, init) {
+  const early = started.get(url);
+  started.delete(url);
+  return early || fetch(url, init);
+}
+
+function start() {
+  const app = document.getElementById("app");
+  if (!app || app.dataset.status !== "ready" || started.size) return;
+  const sections = [...document.querySelectorAll("section.device")];
+  const devices = sections.map((s) => ({ device: Number(s.dataset.device), events: Number(s.dataset.events), start: Number(s.dataset.start) }));
+  if (!devices.length) return;
+  const view = firstView(location.hash, devices);
+  const events = devices.find((d) => d.device === view.device).events;
+  const api = `/api/v1/snapshots/${app.dataset.id}`;
+  const range = view.range || [0, events];
+  const by = view.colour === "category" ? "category" : "site";
+  const urls = [stateUrl(api, view.device, view.event), pinnersUrl(api, view.device, view.event)];
+  const timeline = document.getElementById("timeline");
+  const active = document.getElementById("active");
+  if (timeline) urls.push(timelineUrl(api, view.device, range, timeline.clientWidth));
+  if (active) urls.push(activeUrl(api, view.device, range, active.clientWidth, by));
+  for (const url of urls) {
+    const r = fetch(url);
+    r.catch(() => {});
+    started.set(url, r);
+  }
+}
+
+// Parsed (readyState leaves "loading" before deferred scripts run, unlike DOMContentLoaded)
+// and the stylesheet applied.
+function whenLaidOut(go) {
+  const parsed = () =>
+    document.readyState !== "loading" ? Promise.resolve() : new Promise((r) => document.addEventListener("readystatechange", r, { once: true }));
+  const styled = () => {
+    const css = document.querySelector('link[rel="stylesheet"]');
+    if (!css || css.sheet) go();
+    else css.addEventListener("load", go, { once: true });
+  };
+  // At once when it can be: snapshot.js's own graph may be what runs this module, and its
+  // requests come right after.
+  if (document.readyState !== "loading") styled();
+  else parsed().then(styled);
+}
+
+whenLaidOut(start);
