@@ -353,6 +353,31 @@ pub fn views_answer_with_hex_addresses_and_binary_timelines() {
     assert_eq!(ooms[0]["ooms"][0]["verdict"], "fragmentation");
     let settings = server.get_json(&format!("{base}/settings"));
     assert!(settings["allocator_settings"].is_object());
+    // The chart of active memory is kept by the browser like the timeline: its ETag names the
+    // query, and asking again with it gets 304 and no body; another query is another chart.
+    let client = TestServer::client();
+    let chart = client.get(server.url(&format!("{base}/devices/0/active?points=20&by=site"))).send().unwrap();
+    assert_eq!(chart.status().as_u16(), 200);
+    assert!(chart.headers()["cache-control"].to_str().unwrap().contains("max-age"));
+    let etag = chart.headers()["etag"].to_str().unwrap().to_string();
+    let first: Value = chart.json().unwrap();
+    assert!(!first["event"].as_array().unwrap().is_empty(), "{first}");
+    let again = client
+        .get(server.url(&format!("{base}/devices/0/active?points=20&by=site")))
+        .header("if-none-match", &etag)
+        .send()
+        .unwrap();
+    assert_eq!(again.status().as_u16(), 304);
+    assert!(again.bytes().unwrap().is_empty());
+    let other = client
+        .get(server.url(&format!("{base}/devices/0/active?points=21&by=site")))
+        .header("if-none-match", &etag)
+        .send()
+        .unwrap();
+    assert_eq!(other.status().as_u16(), 200);
+    assert_ne!(other.headers()["etag"].to_str().unwrap(), etag);
+    let bad = client.get(server.url(&format!("{base}/devices/0/active?start=9&end=3"))).send().unwrap();
+    assert_eq!(bad.status().as_u16(), 400);
 }
 
 #[test]

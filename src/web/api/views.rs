@@ -20,12 +20,19 @@ use crate::web::AppState;
 use crate::web::error::ApiError;
 use crate::web::extract::{Path, Query};
 
+/// 304 when the request names the ETag `immutable` gives data `tag` of this snapshot.
+fn unchanged(headers: &HeaderMap, row: &SnapshotRow, tag: &str) -> Option<Response> {
+    let etag = format!("\"{}-{tag}\"", row.id);
+    (headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) == Some(etag.as_str()))
+        .then(|| (axum::http::StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response())
+}
+
 /// A response for data that never changes once a snapshot is ready.
 fn immutable(headers: &HeaderMap, row: &SnapshotRow, tag: &str, content_type: &'static str, body: Vec<u8>) -> Response {
-    let etag = format!("\"{}-{tag}\"", row.id);
-    if headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) == Some(etag.as_str()) {
-        return (axum::http::StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
+    if let Some(not_modified) = unchanged(headers, row, tag) {
+        return not_modified;
     }
+    let etag = format!("\"{}-{tag}\"", row.id);
     let mut r = ([(header::CONTENT_TYPE, content_type)], body).into_response();
     let h = r.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("private, max-age=3600"));
@@ -232,9 +239,10 @@ pub(crate) async fn breakdown(
     let event = parse_event(&q)?;
     // The end was broken down at analysis time: no parse needed.
     if event.is_none()
-        && let Some(end) = app.service.final_breakdown(&row, device).await? {
-            return Ok(Json(end));
-        }
+        && let Some(end) = app.service.final_breakdown(&row, device).await?
+    {
+        return Ok(Json(end));
+    }
     on_device(&app, &row, device, move |entry, i, d| {
         check_event(entry, d, event)?;
         Ok(Json(entry.breakdown(i, event)))
@@ -315,28 +323,40 @@ pub(crate) struct ActiveQuery {
 }
 
 /// Live bytes by call site (or `by=category`) over events `start..end`, in at most `points`
-/// buckets.
+/// buckets. The slowest of the page's requests, asked again on every load of a link: its
+/// answer never changes, so the browser keeps it like the timeline (an ETag of the query; a
+/// request that names it is answered 304 without computing).
 pub(crate) async fn active(
     State(app): State<AppState>,
     Path((id, device)): Path<(String, i64)>,
     Query(q): Query<ActiveQuery>,
-) -> Result<Json<active::ActiveBySite>, ApiError> {
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     let row = app.ready(&id).await?;
-    on_device(&app, &row, device, move |entry, i, d| {
+    let (points, top) = (q.points.unwrap_or(500).clamp(1, 4000), q.top.unwrap_or(8).clamp(1, 32));
+    let by = match q.by.as_deref() {
+        None | Some("site") => "site",
+        Some("category") => "category",
+        Some(other) => return Err(ApiError::BadRequest(format!("by must be site or category, got {other:?}"))),
+    };
+    // The query as asked (an absent end is "to the last event"), so that a request the
+    // browser revalidates needs no parsed snapshot.
+    let shown = |v: Option<usize>| v.map_or("-".to_string(), |v| v.to_string());
+    let tag = format!("active-{device}-{}-{}-{points}-{top}-{by}", shown(q.start), shown(q.end));
+    if let Some(not_modified) = unchanged(&headers, &row, &tag) {
+        return Ok(not_modified);
+    }
+    let body = on_device(&app, &row, device, move |entry, i, d| {
         let n = entry.snapshot.device_events(d).len();
         let (start, end) = (q.start.unwrap_or(0), q.end.unwrap_or(n).min(n));
         if start > end {
             return Err(ApiError::BadRequest(format!("start {start} is after end {end}")));
         }
-        let (points, top) = (q.points.unwrap_or(500).clamp(1, 4000), q.top.unwrap_or(8).clamp(1, 32));
-        let group = match q.by.as_deref() {
-            None | Some("site") => active::Group::Site,
-            Some("category") => active::Group::Category(&entry.indexes[i].labels),
-            Some(other) => return Err(ApiError::BadRequest(format!("by must be site or category, got {other:?}"))),
-        };
-        Ok(Json(active::active_by(&entry.snapshot, d, &entry.replays[i], start..end, points, top, group)))
+        let group = if by == "site" { active::Group::Site } else { active::Group::Category(&entry.indexes[i].labels) };
+        json_bytes(&active::active_by(&entry.snapshot, d, &entry.replays[i], start..end, points, top, group))
     })
-    .await
+    .await?;
+    Ok(immutable(&headers, &row, &tag, "application/json", body))
 }
 
 #[derive(Deserialize)]
@@ -367,9 +387,10 @@ pub(crate) async fn simulate(
         shrink: None,
     };
     // As heavy as an analysis, and open to anyone with a link: two at once, not queued.
-    let _slot = app.service.worker.simulations.try_acquire().map_err(|_| {
-        ApiError::Busy("two simulations are running on this server: try again in a few seconds".into())
-    })?;
+    let _slot =
+        app.service.worker.simulations.try_acquire().map_err(|_| {
+            ApiError::Busy("two simulations are running on this server: try again in a few seconds".into())
+        })?;
     on_device(&app, &row, device, move |entry, _, d| {
         crate::simulate::simulate(&entry.snapshot, d, &settings).map(Json).map_err(ApiError::BadRequest)
     })
