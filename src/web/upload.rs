@@ -188,11 +188,9 @@ pub(crate) async fn receive(
     idle: std::time::Duration,
 ) -> Result<Received, ApiError> {
     let headers = request.headers();
-    let announced: Option<u64> =
-        headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse().ok());
     // A form holds the file and a few bounded text fields.
     let room = if is_form(headers) { max.saturating_add(FORM_FIELDS) } else { max };
-    if let Some(announced) = announced.filter(|&a| a > room) {
+    if let Some(announced) = announced(headers).filter(|&a| a > room) {
         let refused = ApiError::TooLarge(format!(
             "the upload is {announced} bytes, larger than the server's limit of {max} bytes"
         ));
@@ -200,7 +198,7 @@ pub(crate) async fn receive(
         let waits =
             headers.get(axum::http::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         if !waits {
-            drain_body(&mut request.into_body().into_data_stream(), idle).await;
+            drain_body(&mut request.into_body().into_data_stream()).await;
         }
         return Err(refused);
     }
@@ -213,6 +211,11 @@ pub(crate) async fn receive(
         spool.abort_staging();
     }
     got
+}
+
+/// The size the client announced (`Content-Length`), if any.
+pub(crate) fn announced(headers: &axum::http::HeaderMap) -> Option<u64> {
+    headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.trim().parse().ok())
 }
 
 fn is_form(headers: &axum::http::HeaderMap) -> bool {
@@ -230,7 +233,7 @@ async fn receive_into(request: Request, spool: &mut Spool, idle: std::time::Dura
             let chunk: Bytes = chunk.map_err(|e| ApiError::BadRequest(format!("the upload was cut off: {e}")))?;
             if let Err(e) = spool.write(chunk).await {
                 if matches!(e, ApiError::TooLarge(_)) {
-                    drain_body(&mut body, idle).await;
+                    drain_body(&mut body).await;
                 }
                 return Err(e);
             }
@@ -240,7 +243,7 @@ async fn receive_into(request: Request, spool: &mut Spool, idle: std::time::Dura
     let mut form = Multipart::from_request(request, &()).await.map_err(|e| ApiError::BadRequest(e.body_text()))?;
     let got = read_form(&mut form, spool, idle).await;
     if let Err(ApiError::TooLarge(_)) = got {
-        drain_form(&mut form, Drain::new(), idle).await;
+        drain_form(&mut form).await;
     }
     got
 }
@@ -285,41 +288,51 @@ async fn read_form(form: &mut Multipart, spool: &mut Spool, idle: std::time::Dur
 /// sending makes the client's side see a reset, and curl or requests then report "connection
 /// reset" instead of the answer that names the limit (nginx's "lingering close" is the same).
 /// Past the bounds the connection is closed as before.
-struct Drain {
-    until: std::time::Instant,
-    left: u64,
-}
-
 const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
 const DRAIN_BYTES: u64 = 1 << 30;
 
+/// The bounds of one drain: every read waits only until its deadline.
+struct Drain {
+    until: tokio::time::Instant,
+    left: u64,
+}
+
 impl Drain {
     fn new() -> Drain {
-        Drain { until: std::time::Instant::now() + DRAIN_TIME, left: DRAIN_BYTES }
+        Drain { until: tokio::time::Instant::now() + DRAIN_TIME, left: DRAIN_BYTES }
     }
 
-    /// Counts a chunk read; false when there is none or the bounds are reached.
-    fn take(&mut self, chunk: Option<Bytes>) -> bool {
-        let Some(chunk) = chunk else { return false };
+    /// Waits for `next` within the deadline; None when it ends, fails or is too late.
+    async fn read<T, E>(&self, next: impl std::future::Future<Output = Option<Result<T, E>>>) -> Option<T> {
+        tokio::time::timeout_at(self.until, next).await.ok()??.ok()
+    }
+
+    /// Counts a chunk thrown away; false once the byte bound is reached.
+    fn take(&mut self, chunk: Bytes) -> bool {
         self.left = self.left.saturating_sub(chunk.len() as u64);
-        self.left > 0 && std::time::Instant::now() < self.until
+        self.left > 0
     }
 }
 
-/// Reads what is left of a refused raw body, within the bounds of [`Drain`].
-async fn drain_body(body: &mut axum::body::BodyDataStream, idle: std::time::Duration) {
+/// Reads what is left of a refused raw body.
+async fn drain_body(body: &mut axum::body::BodyDataStream) {
     let mut drain = Drain::new();
-    while drain.take(tokio::time::timeout(idle, body.next()).await.ok().flatten().and_then(Result::ok)) {}
+    while let Some(chunk) = drain.read(body.next()).await {
+        if !drain.take(chunk) {
+            return;
+        }
+    }
 }
 
-/// Reads what is left of a refused form (multer skips the rest of the field that was being
-/// read), within the bounds of `drain`.
-async fn drain_form(form: &mut Multipart, mut drain: Drain, idle: std::time::Duration) {
-    loop {
-        let Ok(Ok(Some(mut field))) = tokio::time::timeout(idle, form.next_field()).await else { return };
-        while drain.take(next_chunk(&mut field, idle).await.ok().flatten()) {}
-        if drain.left == 0 || std::time::Instant::now() >= drain.until {
-            return;
+/// Reads what is left of a refused form: the rest of the field that was being read (multer
+/// skips it when asked for the next), then the others.
+async fn drain_form(form: &mut Multipart) {
+    let mut drain = Drain::new();
+    while let Some(mut field) = drain.read(async { form.next_field().await.transpose() }).await {
+        while let Some(chunk) = drain.read(async { field.chunk().await.transpose() }).await {
+            if !drain.take(chunk) {
+                return;
+            }
         }
     }
 }

@@ -13,7 +13,7 @@ import { renderPinners } from "./page/pinners.js";
 import { Timeline } from "./draw/timeline.js";
 import { drawActive } from "./draw/active.js";
 import { firstView, stateUrl, pinnersUrl, timelineUrl, activeUrl } from "./data/requests.js";
-import { take } from "./page/early.js";
+import { take, pageDevices } from "./page/early.js";
 
 const app = document.getElementById("app");
 const id = app.dataset.id;
@@ -25,8 +25,7 @@ if (app.dataset.status !== "ready") pending(api);
 else ready();
 
 function ready() {
-  const sections = [...document.querySelectorAll("section.device")];
-  const devices = sections.map((s) => ({ device: Number(s.dataset.device), events: Number(s.dataset.events), start: Number(s.dataset.start) }));
+  const { sections, devices } = pageDevices();
   const state = firstView(location.hash, devices);
   const section = () => sections.find((s) => Number(s.dataset.device) === state.device);
   const events = () => Number(section().dataset.events);

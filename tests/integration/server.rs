@@ -153,7 +153,7 @@ fn uploads_over_the_limit_get_413_and_nothing_is_kept() {
 /// client that waits for "100 Continue" is answered before it sends anything.
 #[test]
 fn uploads_far_over_the_limit_get_their_413_and_not_a_reset() {
-    let server = TestServer::start(&["--max-upload", "100KB"]);
+    let server = TestServer::start(&["--max-upload", "100KB", "--request-timeout", "120"]);
     let client = TestServer::client();
     let big = vec![b'x'; 24 << 20];
     let url = server.url("/api/v1/snapshots");
@@ -185,6 +185,17 @@ fn uploads_far_over_the_limit_get_their_413_and_not_a_reset() {
     let mut answer = [0u8; 12];
     conn.read_exact(&mut answer).unwrap();
     assert_eq!(&answer, b"HTTP/1.1 413", "{}", String::from_utf8_lossy(&answer));
+    // Announcing a gigabyte, sending a little and then nothing: the drain ends at its own
+    // 10 s deadline, not after the (here far longer) stall timeout.
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+    write!(conn, "POST /api/v1/snapshots HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 1000000000\r\n\r\n").unwrap();
+    conn.write_all(&[b'x'; 4096]).unwrap();
+    let asked = std::time::Instant::now();
+    conn.read_exact(&mut answer).unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 413", "{}", String::from_utf8_lossy(&answer));
+    let waited = asked.elapsed().as_secs_f64();
+    assert!((8.0..30.0).contains(&waited), "answered after {waited:.1} s");
     assert!(std::fs::read_dir(server.data.join("tmp")).unwrap().next().is_none(), "temp file left");
     assert!(server.get_json("/api/v1/snapshots").as_array().unwrap().is_empty());
 }
@@ -356,24 +367,20 @@ pub fn views_answer_with_hex_addresses_and_binary_timelines() {
     // The chart of active memory is kept by the browser like the timeline: its ETag names the
     // query, and asking again with it gets 304 and no body; another query is another chart.
     let client = TestServer::client();
-    let chart = client.get(server.url(&format!("{base}/devices/0/active?points=20&by=site"))).send().unwrap();
+    let ask = |points: u32, etag: &str| {
+        let url = server.url(&format!("{base}/devices/0/active?points={points}&by=site"));
+        client.get(url).header("if-none-match", etag).send().unwrap()
+    };
+    let chart = ask(20, "");
     assert_eq!(chart.status().as_u16(), 200);
     assert!(chart.headers()["cache-control"].to_str().unwrap().contains("max-age"));
     let etag = chart.headers()["etag"].to_str().unwrap().to_string();
     let first: Value = chart.json().unwrap();
     assert!(!first["event"].as_array().unwrap().is_empty(), "{first}");
-    let again = client
-        .get(server.url(&format!("{base}/devices/0/active?points=20&by=site")))
-        .header("if-none-match", &etag)
-        .send()
-        .unwrap();
+    let again = ask(20, &etag);
     assert_eq!(again.status().as_u16(), 304);
     assert!(again.bytes().unwrap().is_empty());
-    let other = client
-        .get(server.url(&format!("{base}/devices/0/active?points=21&by=site")))
-        .header("if-none-match", &etag)
-        .send()
-        .unwrap();
+    let other = ask(21, &etag);
     assert_eq!(other.status().as_u16(), 200);
     assert_ne!(other.headers()["etag"].to_str().unwrap(), etag);
     let bad = client.get(server.url(&format!("{base}/devices/0/active?start=9&end=3"))).send().unwrap();

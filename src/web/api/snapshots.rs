@@ -77,8 +77,7 @@ pub(crate) async fn create(
     let path = temp.0.clone();
     let staging = store.stage().await;
     // Parsed while it arrives when the budget allows now, so the link is ready soon after.
-    let announced = headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
-    let announced = announced.filter(|b| *b <= app.config.max_upload && app.config.parse_while_arriving);
+    let announced = upload::announced(&headers).filter(|b| *b <= app.config.max_upload && app.config.parse_while_arriving);
     let mut early = app.service.start_early(announced);
     let feed = early.as_mut().and_then(|e| e.feed());
     let got = upload::receive(request, temp, (staging, feed), app.config.max_upload, idle)

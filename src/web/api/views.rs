@@ -20,9 +20,14 @@ use crate::web::AppState;
 use crate::web::error::ApiError;
 use crate::web::extract::{Path, Query};
 
+/// The ETag of data `tag` of a snapshot.
+fn etag(row: &SnapshotRow, tag: &str) -> String {
+    format!("\"{}-{tag}\"", row.id)
+}
+
 /// 304 when the request names the ETag `immutable` gives data `tag` of this snapshot.
 fn unchanged(headers: &HeaderMap, row: &SnapshotRow, tag: &str) -> Option<Response> {
-    let etag = format!("\"{}-{tag}\"", row.id);
+    let etag = etag(row, tag);
     (headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) == Some(etag.as_str()))
         .then(|| (axum::http::StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response())
 }
@@ -32,7 +37,7 @@ fn immutable(headers: &HeaderMap, row: &SnapshotRow, tag: &str, content_type: &'
     if let Some(not_modified) = unchanged(headers, row, tag) {
         return not_modified;
     }
-    let etag = format!("\"{}-{tag}\"", row.id);
+    let etag = etag(row, tag);
     let mut r = ([(header::CONTENT_TYPE, content_type)], body).into_response();
     let h = r.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("private, max-age=3600"));

@@ -16,11 +16,17 @@ export function take(url, init) {
   return early || fetch(url, init);
 }
 
-function start() {
-  const app = document.getElementById("app");
-  if (!app || app.dataset.status !== "ready" || started.size) return;
+/** The page's device sections, and what each says of its device's trace. */
+export function pageDevices() {
   const sections = [...document.querySelectorAll("section.device")];
   const devices = sections.map((s) => ({ device: Number(s.dataset.device), events: Number(s.dataset.events), start: Number(s.dataset.start) }));
+  return { sections, devices };
+}
+
+function start() {
+  const app = document.getElementById("app");
+  if (!app || app.dataset.status !== "ready") return;
+  const { devices } = pageDevices();
   if (!devices.length) return;
   const view = firstView(location.hash, devices);
   const events = devices.find((d) => d.device === view.device).events;
@@ -39,20 +45,17 @@ function start() {
   }
 }
 
-// Parsed (readyState leaves "loading" before deferred scripts run, unlike DOMContentLoaded)
-// and the stylesheet applied.
+// Once parsed (readyState leaves "loading" before deferred scripts run, unlike
+// DOMContentLoaded) and styled. At once when it can be: snapshot.js's own graph may be what
+// runs this module, and its requests come right after.
 function whenLaidOut(go) {
-  const parsed = () =>
-    document.readyState !== "loading" ? Promise.resolve() : new Promise((r) => document.addEventListener("readystatechange", r, { once: true }));
   const styled = () => {
     const css = document.querySelector('link[rel="stylesheet"]');
     if (!css || css.sheet) go();
     else css.addEventListener("load", go, { once: true });
   };
-  // At once when it can be: snapshot.js's own graph may be what runs this module, and its
-  // requests come right after.
   if (document.readyState !== "loading") styled();
-  else parsed().then(styled);
+  else document.addEventListener("readystatechange", styled, { once: true });
 }
 
 whenLaidOut(start);
