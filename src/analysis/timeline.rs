@@ -99,8 +99,14 @@ pub const BLOCK: usize = 64;
 
 /// The block minimums and maximums of `col`.
 pub fn block_extremes(col: &[u64]) -> (Vec<u64>, Vec<u64>) {
-    let min = col.chunks(BLOCK).map(|c| c.iter().copied().min().unwrap_or(0)).collect();
-    let max = col.chunks(BLOCK).map(|c| c.iter().copied().max().unwrap_or(0)).collect();
+    let blocks = col.len().div_ceil(BLOCK);
+    let (mut min, mut max) = (Vec::with_capacity(blocks), Vec::with_capacity(blocks));
+    // Both in one pass over the column.
+    for c in col.chunks(BLOCK) {
+        let (lo, hi) = c.iter().fold((u64::MAX, 0), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        min.push(lo);
+        max.push(hi);
+    }
     (min, max)
 }
 

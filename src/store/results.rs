@@ -202,25 +202,25 @@ const ENTRY: usize = 16;
 
 impl Layout {
     /// The narrowest layout that holds `values` exactly; `signed`: they are i64s (times).
+    ///
+    /// One pass: the base is the least value (in i64 order for times, by flipping the sign
+    /// bit), the width fits the greatest less the base, and the shift is how many low bits
+    /// every value shares with the first (the same as with the base, which is one of them).
     fn of(values: &[u64], signed: bool) -> Layout {
-        let base = if signed {
-            values.iter().map(|&v| v as i64).min().map_or(0, |m| m as u64)
-        } else {
-            values.iter().copied().min().unwrap_or(0)
-        };
-        // The bits any value sets above the base, and the largest: one pass, no branches.
-        let (bits, top) = values.iter().fold((0u64, 0u64), |(bits, top), &v| {
-            let d = v.wrapping_sub(base);
-            (bits | d, top.max(d))
+        let Some(&first) = values.first() else { return Layout { base: 0, shift: 0, width: 1 } };
+        let flip = if signed { 1u64 << 63 } else { 0 };
+        let (lo, hi, differ) = values.iter().fold((u64::MAX, 0u64, 0u64), |(lo, hi, differ), &v| {
+            let k = v ^ flip;
+            (lo.min(k), hi.max(k), differ | (v ^ first))
         });
-        let shift = if bits == 0 { 0 } else { bits.trailing_zeros() };
-        let width = match top >> shift {
+        let shift = if differ == 0 { 0 } else { differ.trailing_zeros() };
+        let width = match (hi - lo) >> shift {
             0..=0xff => 1,
             0x100..=0xffff => 2,
             0x1_0000..=0xffff_ffff => 4,
             _ => 8,
         };
-        Layout { base, shift, width }
+        Layout { base: lo ^ flip, shift, width }
     }
 
     /// Writes `values` packed, then zeros up to a multiple of 8 bytes.
@@ -540,6 +540,43 @@ mod tests {
             }
             for points in [1, 13, 700] {
                 assert_eq!(c.downsample(0..t.len(), points), t.downsample(0..t.len(), points), "{name}/{points}");
+            }
+        }
+    }
+
+    /// The one-pass layout is the one its definition gives: the least value as base, the
+    /// shift of the bits any value sets above it, the width of the largest shifted.
+    #[test]
+    fn layouts_are_the_narrowest_by_definition() {
+        let defined = |values: &[u64], signed: bool| {
+            let base = if signed {
+                values.iter().map(|&v| v as i64).min().map_or(0, |m| m as u64)
+            } else {
+                values.iter().copied().min().unwrap_or(0)
+            };
+            let bits = values.iter().fold(0, |b, &v| b | v.wrapping_sub(base));
+            let shift = if bits == 0 { 0 } else { bits.trailing_zeros() };
+            let top = values.iter().map(|&v| v.wrapping_sub(base) >> shift).max().unwrap_or(0);
+            let width = [1usize, 2, 4, 8].into_iter().find(|&w| w == 8 || top < 1 << (8 * w)).unwrap();
+            Layout { base, shift, width }
+        };
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut cases: Vec<Vec<u64>> =
+            vec![vec![], vec![7], vec![u64::MAX, 0], vec![(-5i64) as u64, 3, i64::MIN as u64]];
+        for _ in 0..400 {
+            let (n, shift, span) = (next() % 50 + 1, next() % 20, 1u64 << (next() % 64));
+            let offset = next();
+            cases.push((0..n).map(|_| offset.wrapping_add((next() % span) << shift)).collect());
+        }
+        for values in &cases {
+            for signed in [false, true] {
+                assert_eq!(Layout::of(values, signed), defined(values, signed), "{values:?} signed {signed}");
             }
         }
     }
