@@ -314,15 +314,15 @@ async fn read_form(form: &mut Multipart, spool: &mut Spool, idle: std::time::Dur
     Ok(form_fields)
 }
 
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+const DRAIN_BYTES: u64 = 1 << 30;
+
 /// A refused upload is read on and thrown away, for at most `DRAIN_TIME` and `DRAIN_BYTES`,
 /// before the 413 goes out: a server that answers and closes while the client is still
 /// sending makes the client's side see a reset, and curl or requests then report "connection
 /// reset" instead of the answer that names the limit (nginx's "lingering close" is the same).
-/// Past the bounds the connection is closed as before.
-const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
-const DRAIN_BYTES: u64 = 1 << 30;
-
-/// The bounds of one drain: every read waits only until its deadline.
+/// Past the bounds the connection is closed as before. Every read of a drain waits only until
+/// its deadline.
 struct Drain {
     until: tokio::time::Instant,
     left: u64,

@@ -12,7 +12,7 @@ import { bindWhatIf, bindCopy, bindDelete, bindCompare } from "./page/controls.j
 import { renderPinners } from "./page/pinners.js";
 import { Timeline } from "./draw/timeline.js";
 import { drawActive } from "./draw/active.js";
-import { firstView, stateUrl, pinnersUrl, timelineUrl, activeUrl } from "./data/requests.js";
+import { firstView, stateUrl, pinnersUrl, timelineUrl, activeUrl, activeBy } from "./data/requests.js";
 import { take, pageDevices } from "./page/early.js";
 
 const app = document.getElementById("app");
@@ -167,7 +167,7 @@ function ready() {
   async function loadActive() {
     const canvas = document.getElementById("active");
     const [start, end] = state.range || [0, events()];
-    const by = state.colour === "category" ? "category" : "site";
+    const by = activeBy(state.colour);
     document.getElementById("active-by").textContent = by === "category" ? "by what it holds" : "by call site";
     const r = await take(activeUrl(api, state.device, [start, end], canvas.clientWidth, by));
     if (!r.ok) return;

@@ -7,7 +7,7 @@ import { parse, format } from "../../static/js/data/fragment.js";
 import { runs, order, fit, hit, zoom, rowAt, ROW } from "../../static/js/data/layout.js";
 import { siteColor, hash } from "../../static/js/data/colors.js";
 import { bytes, eventLabel } from "../../static/js/data/format.js";
-import { firstView, stateUrl, timelineUrl, activeUrl } from "../../static/js/data/requests.js";
+import { firstView, stateUrl, timelineUrl, activeUrl, activeBy } from "../../static/js/data/requests.js";
 
 function timeline(n, start, end) {
   const v = [n, start, end];
@@ -177,4 +177,6 @@ test("the first view fills the fragment's gaps, and its requests are the same UR
   assert.match(timelineUrl(api, 0, [0, 100], 9000), /points=4000&/);
   assert.equal(activeUrl(api, 0, [5, 9], 1150, "site"), "/api/v1/snapshots/x/devices/0/active?start=5&end=9&points=575&top=8&by=site");
   assert.match(activeUrl(api, 0, [5, 9], 5000, "category"), /points=1000&top=8&by=category$/);
+  // The chart follows the map's colouring: by category, else by call site.
+  assert.deepEqual([activeBy("category"), activeBy("site"), activeBy(null)], ["category", "site", "site"]);
 });

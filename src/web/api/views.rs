@@ -34,9 +34,11 @@ fn unchanged(headers: &HeaderMap, row: &SnapshotRow, tag: &str) -> Option<Respon
 
 /// A response for data that never changes once a snapshot is ready.
 fn immutable(headers: &HeaderMap, row: &SnapshotRow, tag: &str, content_type: &'static str, body: Vec<u8>) -> Response {
-    if let Some(not_modified) = unchanged(headers, row, tag) {
-        return not_modified;
-    }
+    unchanged(headers, row, tag).unwrap_or_else(|| cacheable(row, tag, content_type, body))
+}
+
+/// `body` as data `tag` of this snapshot, with its ETag and a max-age.
+fn cacheable(row: &SnapshotRow, tag: &str, content_type: &'static str, body: Vec<u8>) -> Response {
     let etag = etag(row, tag);
     let mut r = ([(header::CONTENT_TYPE, content_type)], body).into_response();
     let h = r.headers_mut();
@@ -361,7 +363,8 @@ pub(crate) async fn active(
         json_bytes(&active::active_by(&entry.snapshot, d, &entry.replays[i], start..end, points, top, group))
     })
     .await?;
-    Ok(immutable(&headers, &row, &tag, "application/json", body))
+    // Asked with its ETag, it was answered 304 above.
+    Ok(cacheable(&row, &tag, "application/json", body))
 }
 
 #[derive(Deserialize)]

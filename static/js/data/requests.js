@@ -24,6 +24,9 @@ export function timelineUrl(api, device, [start, end], width) {
   return `${api}/devices/${device}/timeline?start=${start}&end=${end}&points=${points}&format=bin`;
 }
 
+/** What the chart of active memory is split by for a view's colouring. */
+export const activeBy = (colour) => (colour === "category" ? "category" : "site");
+
 /** The chart of active memory over `[start, end]`, a point per two pixels, by call site or
  *  by what the blocks hold. */
 export function activeUrl(api, device, [start, end], width, by) {

@@ -5,7 +5,7 @@
 // are part of the URLs, so it waits for the document to be parsed and styled first; a URL
 // that differs after all (the layout changed) is fetched as before.
 
-import { firstView, stateUrl, pinnersUrl, timelineUrl, activeUrl } from "../data/requests.js";
+import { firstView, stateUrl, pinnersUrl, timelineUrl, activeUrl, activeBy } from "../data/requests.js";
 
 const started = new Map();
 
@@ -32,12 +32,11 @@ function start() {
   const events = devices.find((d) => d.device === view.device).events;
   const api = `/api/v1/snapshots/${app.dataset.id}`;
   const range = view.range || [0, events];
-  const by = view.colour === "category" ? "category" : "site";
   const urls = [stateUrl(api, view.device, view.event), pinnersUrl(api, view.device, view.event)];
   const timeline = document.getElementById("timeline");
   const active = document.getElementById("active");
   if (timeline) urls.push(timelineUrl(api, view.device, range, timeline.clientWidth));
-  if (active) urls.push(activeUrl(api, view.device, range, active.clientWidth, by));
+  if (active) urls.push(activeUrl(api, view.device, range, active.clientWidth, activeBy(view.colour)));
   for (const url of urls) {
     const r = fetch(url);
     r.catch(() => {});
