@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sha2::{Digest, Sha256};
 
 mod gzip;
+mod two_parts;
 
 use crate::reader::{self, Failure, Limits, ReadError};
 use crate::snapshot::{self, ModelError, Snapshot, SnapshotSink, Source};
@@ -30,11 +31,41 @@ pub struct Options {
     pub max_ratio: u64,
     /// Raw bytes consumed so far, for progress reports.
     pub progress: Option<Arc<AtomicU64>>,
+    /// When a file on disk is read in two parts at once (None: never).
+    pub two_parts: Option<TwoParts>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { limits: Limits::default(), max_events: 100_000_000, max_ratio: 200, progress: None }
+        Options {
+            limits: Limits::default(),
+            max_events: 100_000_000,
+            max_ratio: 200,
+            progress: None,
+            two_parts: Some(TwoParts::default()),
+        }
+    }
+}
+
+/// When a pickle file is read in two parts at once, on two cores (`reader::Split`): its
+/// trace's back half on a thread of its own. The result is the same either way.
+#[derive(Debug, Clone, Copy)]
+pub struct TwoParts {
+    /// Files smaller than this are read in one part.
+    pub min_bytes: u64,
+    /// The list split must hold this many items when the first part reaches the fork.
+    pub min_items: usize,
+    /// The second part is started this share of the way into the file (thousandths),
+    pub fork_share: u64,
+    /// once this many trace entries in a row met no new frame (see `reader::Split`).
+    pub quiet: u64,
+    /// It starts this share of the way through what is left then (thousandths).
+    pub later_share: u64,
+}
+
+impl Default for TwoParts {
+    fn default() -> Self {
+        TwoParts { min_bytes: 48 << 20, min_items: 4000, fork_share: 20, quiet: 4000, later_share: 560 }
     }
 }
 
@@ -48,6 +79,8 @@ pub struct Ingested {
     /// Dicts the reader's fast path for trace entries read (the rest went through its general
     /// machine): what the tests and the bench check the fast path by.
     pub fast_dicts: u64,
+    /// The bytes a second thread read, where the file was read in two parts.
+    pub later_part: Option<std::ops::Range<u64>>,
 }
 
 /// Why bytes are not a snapshot we can read.
@@ -327,10 +360,10 @@ pub fn ingest<R: Read + Send + 'static>(raw: R, options: &Options) -> Result<Ing
     let mut prefetch = Prefetch::start(raw, options.progress.clone());
     let decoded = decode_any(&mut prefetch, options);
     let (sha256, bytes) = prefetch.finish()?;
-    let (Model { snapshot, protocol: pickle_protocol, fast_dicts }, encoding, compression) = decoded?;
+    let (Model { snapshot, protocol: pickle_protocol, fast_dicts, later_part }, encoding, compression) = decoded?;
     let source =
         Source { bytes, sha256, encoding: encoding.to_string(), compression: compression.to_string(), pickle_protocol };
-    Ok(Ingested { snapshot, source, fast_dicts })
+    Ok(Ingested { snapshot, source, fast_dicts, later_part })
 }
 
 type Decoded = (Model, &'static str, &'static str);
@@ -340,6 +373,7 @@ struct Model {
     snapshot: Snapshot,
     protocol: Option<u8>,
     fast_dicts: u64,
+    later_part: Option<std::ops::Range<u64>>,
 }
 
 fn decode_any(raw: &mut Prefetch, options: &Options) -> Result<Decoded, IngestError> {
@@ -381,30 +415,44 @@ fn read_io(e: std::io::Error, stream: &'static str) -> IngestError {
     IngestError::Read { error: ReadError { kind, offset: 0 }, stream }
 }
 
-fn decode<R: Read>(
-    input: R,
-    format: Format,
-    options: &Options,
-    stream: &'static str,
-) -> Result<Model, IngestError> {
+fn decode<R: Read>(input: R, format: Format, options: &Options, stream: &'static str) -> Result<Model, IngestError> {
     let mut sink = SnapshotSink::new(options.max_events);
     let parsed = if format == Format::Json {
         reader::read_json(input, &options.limits, &mut sink)
     } else {
         reader::read_pickle(input, &options.limits, &mut sink)
     };
+    model(parsed, sink, stream)
+}
+
+/// The model from what the reader made of the input, or the error it met.
+fn model(
+    parsed: Result<reader::Parsed, Failure<ModelError>>,
+    sink: SnapshotSink,
+    stream: &'static str,
+) -> Result<Model, IngestError> {
     let parsed = match parsed {
         Ok(p) => p,
         Err(Failure::Read(error)) => return Err(IngestError::Read { error, stream }),
         Err(Failure::Sink { error, offset }) => return Err(IngestError::Model { error, offset }),
     };
     let (protocol, offset, fast_dicts) = (parsed.protocol, parsed.bytes_read, parsed.fast_dicts);
+    let later_part = parsed.later_part.clone();
     let snapshot = snapshot::build(parsed, sink).map_err(|error| IngestError::Model { error, offset })?;
-    Ok(Model { snapshot, protocol, fast_dicts })
+    Ok(Model { snapshot, protocol, fast_dicts, later_part })
 }
 
-/// Reads a snapshot file from disk.
+/// Reads a snapshot file from disk; a big uncompressed pickle in two parts at once.
 pub fn ingest_path(path: &std::path::Path, options: &Options) -> Result<Ingested, IngestError> {
-    let file = std::fs::File::open(path).map_err(IngestError::Io)?;
+    let mut file = std::fs::File::open(path).map_err(IngestError::Io)?;
+    if let Some(parts) = options.two_parts {
+        let len = file.metadata().map_err(IngestError::Io)?.len();
+        let mut head = [0u8; 64];
+        let n = read_full(&mut file, &mut head).map_err(IngestError::Io)?;
+        if len >= parts.min_bytes && matches!(sniff(&head[..n]), Ok(Format::Pickle)) {
+            return two_parts::ingest(path, len, parts, options);
+        }
+        file = std::fs::File::open(path).map_err(IngestError::Io)?;
+    }
     ingest(file, options)
 }

@@ -1,6 +1,6 @@
 //! A buffered byte source that knows its offset and can never read out of bounds.
 //!
-//! Reads come from any `std::io::Read` (a file, a decompressor) through a 1 MiB buffer, so the
+//! Reads come from any `std::io::Read` (a file, a decompressor) through a 256 KiB buffer, so the
 //! whole input is never held in memory. Every read returns `Truncated` at the end instead of
 //! panicking, and every byte counts against `max_input_bytes`.
 
@@ -8,7 +8,7 @@ use std::io::Read;
 
 use super::error::{ErrorKind, ReadError};
 
-const BUF_BYTES: usize = 1 << 20;
+const BUF_BYTES: usize = 256 << 10;
 
 pub struct Input<R> {
     inner: R,
@@ -22,7 +22,50 @@ pub struct Input<R> {
 
 impl<R: Read> Input<R> {
     pub fn new(inner: R, max_bytes: u64) -> Self {
-        Input { inner, buf: vec![0; BUF_BYTES].into_boxed_slice(), pos: 0, end: 0, base: 0, max_bytes }
+        Self::starting_at(inner, 0, max_bytes)
+    }
+
+    /// An input whose first byte is byte `offset` of the whole (a part read apart).
+    pub fn starting_at(inner: R, offset: u64, max_bytes: u64) -> Self {
+        Input { inner, buf: vec![0; BUF_BYTES].into_boxed_slice(), pos: 0, end: 0, base: offset, max_bytes }
+    }
+
+    /// Drops what is buffered: the next byte read is byte `offset` of the whole, which the
+    /// reader underneath must now deliver (a part read apart was taken in up to there).
+    pub fn reset(&mut self, offset: u64) {
+        (self.base, self.pos, self.end) = (offset, 0, 0);
+    }
+
+    /// Refills until at least `n` bytes are buffered ahead (at most the buffer's size); false
+    /// if the input ends first.
+    pub fn ensure(&mut self, n: usize) -> Result<bool, ReadError> {
+        while self.end - self.pos < n.min(BUF_BYTES) {
+            if !self.fill()? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The next byte without consuming it, refilling if need be; None at the end.
+    pub fn peek_filled(&mut self) -> Result<Option<u8>, ReadError> {
+        if self.pos == self.end && !self.fill()? {
+            return Ok(None);
+        }
+        Ok(Some(self.buf[self.pos]))
+    }
+
+    /// Skips `n` bytes, refilling as it goes; `Truncated` at the end of the input.
+    pub fn skip_bytes(&mut self, mut n: u64) -> Result<(), ReadError> {
+        while n > 0 {
+            if self.pos == self.end && !self.fill()? {
+                return Err(self.error(ErrorKind::Truncated));
+            }
+            let k = n.min((self.end - self.pos) as u64) as usize;
+            self.pos += k;
+            n -= k as u64;
+        }
+        Ok(())
     }
 
     /// Offset of the next byte to be read.

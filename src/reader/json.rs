@@ -180,7 +180,14 @@ pub fn read_json<R: Read, S: Sink>(reader: R, limits: &Limits, sink: &mut S) -> 
     let mut de = serde_json::Deserializer::from_reader(counting);
     let result = (&mut builder).deserialize(&mut de).and_then(|root| de.end().map(|()| root));
     match result {
-        Ok(root) => Ok(Parsed { root, heap: builder.heap, protocol: None, bytes_read: count.get(), fast_dicts: 0 }),
+        Ok(root) => Ok(Parsed {
+            root,
+            heap: builder.heap,
+            protocol: None,
+            bytes_read: count.get(),
+            fast_dicts: 0,
+            later_part: None,
+        }),
         Err(e) => Err(builder.failure.take().unwrap_or_else(|| {
             let kind = if e.is_eof() {
                 ErrorKind::Truncated

@@ -37,7 +37,8 @@ mod value;
 pub use error::{ErrorKind, Failure, ReadError};
 pub use json::read_json;
 pub use limits::Limits;
-pub use value::{Heap, Kind, StrId, Strings, Value};
+pub use pickle::{Open, Split};
+pub use value::{Heap, Ids, Kind, StrId, Strings, Value};
 
 /// What a read produced: the root value and the heap its containers live in.
 #[derive(Debug)]
@@ -49,6 +50,8 @@ pub struct Parsed {
     pub bytes_read: u64,
     /// Dicts the entry fast path read (the general machine read the rest).
     pub fast_dicts: u64,
+    /// The bytes a second thread read, where a split read took its part in.
+    pub later_part: Option<std::ops::Range<u64>>,
 }
 
 /// Listens to the reader. The reader pushes; the sink decides what to keep compactly.
@@ -75,6 +78,39 @@ pub trait Sink {
     fn fold_list(&mut self, _heap: &Heap, _items: &[Value]) -> Result<Option<u32>, Self::Error> {
         Ok(None)
     }
+
+    /// A sink for a later part of the same read, read on another thread from this one's
+    /// state now (see [`read_pickle_split`]); None where it cannot be split.
+    fn fork(&self) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
+
+    /// Takes in what `later`, forked from this sink, folded from the part after the one this
+    /// sink has read by now; `ids` maps the later part's string and container ids to this
+    /// read's. Returns how its folded ids map to this read's, or None, changing nothing, if
+    /// the two cannot be joined (together they pass a limit): the read then goes on in one
+    /// part.
+    fn join(&mut self, _later: Self, _ids: &Ids) -> Option<Box<dyn FoldedIds>>
+    where
+        Self: Sized,
+    {
+        None
+    }
+}
+
+/// How the folded ids of a later part read apart map to the whole read's (see [`Sink::join`]).
+pub trait FoldedIds {
+    /// The whole read's id of one.
+    fn map(&self, later: u32) -> u32;
+
+    /// The first id of a run of `len` consecutive ids from `start`, if they map to
+    /// consecutive ids (a trace's entries do): a list of millions of them stays a few runs.
+    fn run(&self, _start: u32, _len: u32) -> Option<u32> {
+        None
+    }
 }
 
 /// A sink that folds nothing: the whole value tree is kept (the reader's own tests).
@@ -93,6 +129,16 @@ pub fn read_pickle<R: std::io::Read, S: Sink>(
     sink: &mut S,
 ) -> Result<Parsed, Failure<S::Error>> {
     pickle::read(reader, limits, sink)
+}
+
+/// Reads one pickle as [`read_pickle`] does, reading the list that holds most of it (a
+/// snapshot's trace) in two parts at once where it can: same values, same errors.
+pub fn read_pickle_split<S: Sink + Send + 'static>(
+    split: Split,
+    limits: &Limits,
+    sink: &mut S,
+) -> Result<Parsed, Failure<S::Error>> {
+    pickle::read_split(split, limits, sink)
 }
 
 #[cfg(test)]

@@ -6,6 +6,10 @@
 
 use foldhash::HashMap;
 
+mod join;
+pub use join::Ids;
+pub(crate) use join::Mark;
+
 /// Index into [`Strings`].
 pub type StrId = u32;
 
@@ -85,7 +89,7 @@ struct Head {
 }
 
 /// All containers of one read, addressed by index.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Heap {
     heads: Vec<Head>,
     /// Item lists of live containers; a folded dict's list is recycled through `free`.
@@ -95,6 +99,14 @@ pub struct Heap {
     values: u64,
     /// Containers the entry fast path read without building (see `pickle/entry.rs`).
     unbuilt: u64,
+    /// The most values a limit check asked room for (`value_count` plus the values to add):
+    /// a later part read apart is held to the limit by it when it is taken in.
+    values_asked: u64,
+    /// In a later part's copy: how many containers were copied, and the one list among them
+    /// it may extend; changing any other (sealing, folding, extending) sets `changed_copies`,
+    /// and the copy can no longer be taken in.
+    copied: Option<(u32, u32)>,
+    changed_copies: bool,
 }
 
 impl Heap {
@@ -114,6 +126,15 @@ impl Heap {
     }
     pub fn value_count(&self) -> u64 {
         self.values
+    }
+
+    /// Whether `n` more values stay within `max` (the value limit's check), remembering the
+    /// most asked for.
+    #[inline(always)]
+    pub(super) fn room_for_values(&mut self, n: u64, max: u64) -> bool {
+        let asked = self.values + n;
+        self.values_asked = self.values_asked.max(asked);
+        asked <= max
     }
 
     pub(super) fn new_node(&mut self, kind: Kind) -> u32 {
@@ -138,9 +159,23 @@ impl Heap {
         self.heads[id as usize].sealed
     }
     pub(super) fn seal(&mut self, id: u32) {
+        self.note_change(id, false);
         self.heads[id as usize].sealed = true;
     }
+
+    /// A later part's copy notes a change to a copied container (see `copied`).
+    #[inline(always)]
+    fn note_change(&mut self, id: u32, extending: bool) {
+        if let Some((copied, list)) = self.copied
+            && id < copied
+            && !(extending && id == list)
+        {
+            self.changed_copies = true;
+        }
+    }
+
     pub(super) fn fold(&mut self, id: u32, folded: u32) {
+        self.note_change(id, false);
         let head = &mut self.heads[id as usize];
         if !head.folded && head.slot != NO_SLOT {
             let mut items = std::mem::take(&mut self.slots[head.slot as usize]);
@@ -151,6 +186,29 @@ impl Heap {
         }
         head.folded = true;
         head.slot = folded;
+    }
+
+    /// What a container already placed reads as when a memo get meets it again: its folded
+    /// id, or the node itself once sealed, with the depth either adds; None while it is open.
+    /// One lookup of its head, for the entry fast path.
+    #[inline(always)]
+    pub(super) fn placed(&self, id: u32) -> Option<(Value, u32)> {
+        let h = self.heads.get(id as usize)?;
+        if h.folded {
+            Some((Value::Folded(h.slot), 2))
+        } else if h.sealed {
+            Some((Value::Node(id), h.depth as u32))
+        } else {
+            None
+        }
+    }
+
+    /// The depth of a sealed dict that is not folded (a frame dict met again); None for
+    /// anything else.
+    #[inline(always)]
+    pub(super) fn sealed_dict(&self, id: u32) -> Option<u32> {
+        let h = self.heads.get(id as usize)?;
+        (h.kind == Kind::Dict && h.sealed && !h.folded).then_some(h.depth as u32)
     }
 
     /// Depth a value adds to a container holding it.
@@ -176,6 +234,7 @@ impl Heap {
     /// Appends settled values whose greatest depth is `max_depth`, with one lookup of the
     /// container. Runs of folded ids merge in lists only, so a dict's items stay key, value, ...
     pub(super) fn extend(&mut self, id: u32, values: &[Value], max_depth: u32) {
+        self.note_change(id, true);
         self.values += values.len() as u64;
         let d = (max_depth + 1).min(u16::MAX as u32) as u16;
         let head = &mut self.heads[id as usize];
@@ -190,18 +249,26 @@ impl Heap {
                 }
             };
         }
-        let items = &mut self.slots[head.slot as usize];
-        items.reserve(values.len());
-        for &v in values {
-            if let (Value::Folded(f), true) = (v, is_list) {
-                if let Some(Item::FoldedRun { start, len }) = items.last_mut()
-                    && start.checked_add(*len) == Some(f) {
-                        *len += 1;
-                        continue;
-                    }
-                items.push(Item::FoldedRun { start: f, len: 1 });
-            } else {
-                items.push(Item::One(v));
+        push_items(&mut self.slots[head.slot as usize], is_list, values);
+    }
+
+    /// Appends items holding `count` values of greatest depth `max_depth` (a later part's,
+    /// see `join.rs`), merging runs of folded ids as [`Heap::extend`] does.
+    fn extend_items(&mut self, id: u32, items: &[Item], count: u64, max_depth: u32) {
+        // An empty extend takes the list's item slot and raises its depth.
+        self.extend(id, &[], max_depth);
+        self.values += count;
+        let head = self.heads[id as usize];
+        let list = &mut self.slots[head.slot as usize];
+        for &item in items {
+            match (item, list.last_mut()) {
+                (Item::FoldedRun { start, len }, Some(Item::FoldedRun { start: s, len: l }))
+                    if s.checked_add(*l) == Some(start) =>
+                {
+                    *l += len;
+                }
+                (Item::One(v), _) => push_items(list, head.kind == Kind::List, &[v]),
+                (run, _) => list.push(run),
             }
         }
     }
@@ -258,8 +325,28 @@ impl Heap {
     }
 }
 
+/// Appends values to an item list: runs of folded ids merge in lists only, so a dict's items
+/// stay key, value, ...
+#[inline]
+fn push_items(items: &mut Vec<Item>, is_list: bool, values: &[Value]) {
+    items.reserve(values.len());
+    for &v in values {
+        if let (Value::Folded(f), true) = (v, is_list) {
+            if let Some(Item::FoldedRun { start, len }) = items.last_mut()
+                && start.checked_add(*len) == Some(f)
+            {
+                *len += 1;
+                continue;
+            }
+            items.push(Item::FoldedRun { start: f, len: 1 });
+        } else {
+            items.push(Item::One(v));
+        }
+    }
+}
+
 /// Interned string content.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Strings {
     text: String,
     spans: Vec<(u32, u32)>,

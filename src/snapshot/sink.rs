@@ -4,14 +4,14 @@
 
 use foldhash::HashMapExt;
 
-use crate::reader::{Heap, Kind, Sink, StrId, Strings, Value};
+use crate::reader::{FoldedIds, Heap, Ids, Kind, Sink, StrId, Strings, Value};
 
 use super::{Action, EMPTY_STACK, Event, Extra, Frame, ModelError, NO_TIME, StackId, Stacks};
 
 /// Ids of the keys the sink looks for, interned before reading (so they are 0..KEY_COUNT).
 const KEY_COUNT: usize = 13;
 
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 struct Keys {
     action: StrId,
     addr: StrId,
@@ -53,7 +53,12 @@ pub struct SnapshotSink {
     stack_by_nodes: foldhash::HashMap<Box<[u32]>, StackId>,
     node_scratch: Vec<u32>,
     pub(super) unknown_actions: Vec<String>,
+    /// A sink forked for the later part of a split read (`join.rs`): what it started from.
+    /// Its events go in chunks, so that taking them in never holds two copies.
+    forked: Option<join::Forked>,
 }
+
+mod join;
 
 impl SnapshotSink {
     /// A sink that refuses more than `max_events` events.
@@ -75,7 +80,14 @@ impl SnapshotSink {
             stack_by_nodes: foldhash::HashMap::new(),
             node_scratch: Vec::new(),
             unknown_actions: Vec::new(),
+            forked: None,
         }
+    }
+
+    /// Events folded so far (the id the next one gets).
+    #[inline(always)]
+    fn event_count(&self) -> usize {
+        self.events.len() + self.forked.as_ref().map_or(0, |f| f.chunked)
     }
 
     pub(super) fn stream(&mut self, raw: i64, path: impl Fn() -> String) -> Result<u16, ModelError> {
@@ -259,7 +271,7 @@ impl Sink for SnapshotSink {
         let frames = field(k.frames).unwrap_or(Value::None);
         let (cc, um) = (field(k.compile_context), field(k.user_metadata));
         let Some(action) = action else { return Ok(None) };
-        let n = self.events.len();
+        let n = self.event_count();
         if n as u64 >= self.max_events {
             return Err(ModelError::new("device_traces", format!("at most {} events", self.max_events), "more"));
         }
@@ -298,9 +310,17 @@ impl Sink for SnapshotSink {
         if compile_context.is_some() || user_metadata.is_some() {
             self.extras.push(Extra { event: n as u32, compile_context, user_metadata });
         }
-        self.events.push(event);
         self.times.push((time_us != NO_TIME).then_some(time_us));
+        self.push_event(event);
         Ok(Some(n as u32))
+    }
+
+    fn fork(&self) -> Option<Self> {
+        Some(self.forked_copy())
+    }
+
+    fn join(&mut self, later: Self, ids: &Ids) -> Option<Box<dyn FoldedIds>> {
+        self.take_in(later, ids)
     }
 
     /// Folds a list of frame dicts into a stack id, so the millions of per-event frames lists
@@ -318,7 +338,7 @@ impl Sink for SnapshotSink {
         if !is_frames {
             return Ok(None);
         }
-        let n = self.events.len();
+        let n = self.event_count();
         let stack = self.intern_stack(heap, items, &|| format!("frames list read after trace entry {n}"))?;
         Ok(Some(stack | STACK_TAG))
     }

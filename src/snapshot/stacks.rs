@@ -25,7 +25,7 @@ pub struct Frame {
 }
 
 /// Interned frames and stacks, shared by every event and block.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Stacks {
     /// The strings frames name.
     pub strings: Strings,
@@ -81,6 +81,17 @@ impl Stacks {
     /// A frame by id.
     pub fn frame(&self, id: FrameId) -> &Frame {
         &self.frames[id as usize]
+    }
+
+    /// The frame ids of a stack, innermost first.
+    pub(crate) fn frame_ids(&self, stack: StackId) -> &[FrameId] {
+        let (start, len) = self.spans.get(stack as usize).copied().unwrap_or((0, 0));
+        &self.flat[start as usize..(start + len) as usize]
+    }
+
+    /// How many distinct frames there are.
+    pub(crate) fn frame_count(&self) -> usize {
+        self.frames.len()
     }
 
     /// How many distinct stacks there are.

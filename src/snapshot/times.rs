@@ -49,6 +49,20 @@ impl Times {
         }
     }
 
+    /// Appends the times of `other`'s events, in order.
+    pub fn extend_from(&mut self, other: &Times) {
+        self.offsets.reserve(other.len());
+        let mut far = other.far.iter();
+        for (i, &offset) in other.offsets.iter().enumerate() {
+            let time = match offset {
+                NONE => None,
+                FAR => far.next().map(|f| f.1),
+                d => other.bases[i >> BLOCK_BITS].map(|b| b + d as i64),
+            };
+            self.push(time);
+        }
+    }
+
     /// The time of event `index`, None when it had none (or is past the end).
     pub fn get(&self, index: usize) -> Option<i64> {
         match *self.offsets.get(index)? {
@@ -111,6 +125,13 @@ mod tests {
             assert_eq!(column.get(i), t, "event {i}");
         }
         assert_eq!(column.get(times.len()), None);
+        // The same times appended from two columns split at an odd place read back the same.
+        let (mut front, mut back_part) = (Times::default(), Times::default());
+        for (i, &t) in times.iter().enumerate() {
+            if i < 70_001 { front.push(t) } else { back_part.push(t) }
+        }
+        front.extend_from(&back_part);
+        assert!((0..times.len()).all(|i| front.get(i) == times[i]));
         let back: Vec<usize> = (0..times.len()).rev().collect();
         let reversed = column.reordered(back.iter().copied());
         assert_eq!(reversed.get(0), times[times.len() - 1]);

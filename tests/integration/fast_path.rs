@@ -10,7 +10,7 @@ use proptest::prelude::*;
 
 use fragscope::ingest::{Options, ingest};
 
-use crate::reader_props::{mutated, seed};
+use crate::reader_props::{mutated, seed, tight_limits};
 
 /// The model (or the error) a read ends with, as text, and the dicts the fast path read.
 fn read(bytes: &[u8], fast: bool, tighten: &dyn Fn(&mut Options)) -> (String, u64, usize) {
@@ -130,11 +130,8 @@ proptest! {
         strings in 200u64..20_000,
     ) {
         let bytes = seed();
-        same("memo", &bytes, &|o| o.limits.max_memo = memo);
-        same("values", &bytes, &|o| o.limits.max_values = values);
-        same("containers", &bytes, &|o| o.limits.max_containers = containers);
-        same("depth", &bytes, &|o| o.limits.max_depth = depth);
-        same("string bytes", &bytes, &|o| o.limits.max_total_string_bytes = strings);
-        same("events", &bytes, &|o| o.max_events = values / 10);
+        for (what, tighten) in tight_limits(memo, values, containers, depth, strings) {
+            same(what, &bytes, &*tighten);
+        }
     }
 }

@@ -23,6 +23,7 @@ mod replay;
 mod runs;
 mod server;
 mod simulate;
+mod split;
 mod team;
 mod truth;
 mod util;

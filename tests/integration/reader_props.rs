@@ -16,6 +16,23 @@ fn check(bytes: Vec<u8>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// A way of reading under one tight limit, named.
+pub type Tighten = (&'static str, Box<dyn Fn(&mut Options)>);
+
+/// Each limit a real snapshot can reach, set tight: the differential tests read under each.
+pub fn tight_limits(memo: u64, values: u64, containers: u64, depth: u32, strings: u64) -> Vec<Tighten> {
+    vec![
+        ("memo", Box::new(move |o: &mut Options| o.limits.max_memo = memo)),
+        ("values", Box::new(move |o: &mut Options| o.limits.max_values = values)),
+        ("containers", Box::new(move |o: &mut Options| o.limits.max_containers = containers)),
+        ("depth", Box::new(move |o: &mut Options| o.limits.max_depth = depth)),
+        ("string bytes", Box::new(move |o: &mut Options| o.limits.max_total_string_bytes = strings)),
+        ("events", Box::new(move |o: &mut Options| o.max_events = values / 10)),
+        ("stack", Box::new(move |o: &mut Options| o.limits.max_stack = depth as u64 * 4)),
+        ("marks", Box::new(move |o: &mut Options| o.limits.max_marks = depth as u64)),
+    ]
+}
+
 /// The real snapshot the mutation tests start from.
 pub fn seed() -> Vec<u8> {
     std::fs::read(crate::util::snapshot_path("seed_frag_default")).unwrap()

@@ -7,6 +7,7 @@ use std::io::Read;
 use super::super::Sink;
 use super::super::error::ErrorKind;
 use super::super::value::{Kind, Value};
+use super::entry::Entry;
 use super::opcodes as op;
 use super::{Res, Vm};
 
@@ -14,6 +15,10 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
     pub(super) fn run(&mut self) -> Res<Value, S::Error> {
         loop {
             self.at = self.input.offset();
+            if self.part_ends.is_some() && self.marks.is_empty() && !self.part_goes_on()? {
+                // The later part of a split read ends with its list (see `split.rs`).
+                return Ok(Value::None);
+            }
             let Some(op) = self.input.next_byte()? else {
                 return self.err(ErrorKind::NoStop);
             };
@@ -136,8 +141,17 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
                     self.fused_memoize_mark(Value::Node(id))?;
                 }
                 op::EMPTY_DICT => {
-                    if self.limits.entry_fast_path && self.entry_fast()? {
-                        continue;
+                    if self.limits.entry_fast_path {
+                        match self.entry_fast()? {
+                            Entry::Read => {
+                                self.fast_streak += 1;
+                                continue;
+                            }
+                            Entry::Fallback => self.fast_streak = 0,
+                            Entry::Short => {}
+                            // Only a later part's memo has entries it cannot see.
+                            Entry::Unseen => return Ok(Value::None),
+                        }
                     }
                     let id = self.new_node(Kind::Dict)?;
                     self.push(Value::Node(id))?;
@@ -174,7 +188,12 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
                     let id = self.target(list, "APPEND", "a list", &[Kind::List])?;
                     self.extend(id, self.stack.len() - 1)?;
                 }
-                op::APPENDS => self.extend_from_mark("APPENDS", "a list", &[Kind::List])?,
+                op::APPENDS => {
+                    self.extend_from_mark("APPENDS", "a list", &[Kind::List])?;
+                    if self.parts.is_some() {
+                        self.after_appends();
+                    }
+                }
                 op::SETITEM => {
                     let floor = self.marks.last().copied().unwrap_or(0);
                     if self.stack.len() < floor + 3 {
@@ -187,7 +206,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
                 op::SETITEMS => self.extend_from_mark("SETITEMS", "a dict", &[Kind::Dict])?,
                 op::ADDITEMS => self.extend_from_mark("ADDITEMS", "a set", &[Kind::Set])?,
                 op::MEMOIZE => {
-                    let index = self.memo.slots.len() as u64;
+                    let index = self.memo.len() as u64;
                     self.memo_put(index)?;
                 }
                 op::BINPUT => {

@@ -11,6 +11,11 @@
 //! the general machine reads the same bytes from the start, so values, errors and offsets
 //! stay the general machine's. `tests/integration/fast_path.rs` and the `fast_path` fuzz target run
 //! both paths on the same bytes and compare.
+//!
+//! Why it is shaped as it is (three million entries make every instruction count): each
+//! opcode is read from a fixed [`STEP`]-byte view taken with one bounds check, so its operands
+//! need none; the pairs go to an array on the stack, not a vector; the depth the general
+//! machine would find by looking each value up again is kept as the values are read.
 
 use std::io::Read;
 
@@ -24,6 +29,10 @@ use super::{Failure, Res, Vm};
 const MAX_PAIRS: usize = 16;
 /// Most frames it takes in one frames list.
 const MAX_FRAMES: usize = 256;
+/// Bytes read at once for an opcode: its code and fixed operands take at most 10 (LONG1 of
+/// eight bytes). An entry within this many bytes of the buffer's end goes to the general
+/// machine, which refills.
+const STEP: usize = 16;
 
 /// What the fast path made of the bytes after an EMPTY_DICT.
 enum Fast {
@@ -33,10 +42,22 @@ enum Fast {
     Fallback,
 }
 
-/// Item buffers kept across entries (filling fresh arrays would cost more than the parse).
+/// What [`Vm::entry_fast`] did with a dict.
+pub(super) enum Entry {
+    /// Read it: its folded value is on the stack.
+    Read,
+    /// Left it to the general machine.
+    Fallback,
+    /// Left it to the general machine, which refills the buffer it ran past the end of.
+    Short,
+    /// The later part of a split read met a memo entry it cannot see (`split.rs`): it stops
+    /// before this dict, and the earlier part reads on from here.
+    Unseen,
+}
+
+/// The frames buffer kept across entries (filling a fresh one would cost more than the parse).
 #[derive(Default)]
 pub(super) struct Scratch {
-    items: Vec<Value>,
     frames: Vec<Value>,
 }
 
@@ -55,21 +76,25 @@ struct Parts<'v, S> {
     open_slots: [usize; 2],
     /// Containers read without building them; they count against the container limit.
     unbuilt: u64,
+    /// A memo get named an entry this part cannot see (see [`Entry::Unseen`]).
+    unseen: bool,
+    /// The buffer ended before the dict did.
+    short: bool,
 }
 
 impl<R: Read, S: Sink> Vm<'_, R, S> {
-    /// Tries the fast path with the input just past an EMPTY_DICT; true if it read the dict.
+    /// Tries the fast path with the input just past an EMPTY_DICT.
     #[inline]
-    pub(super) fn entry_fast(&mut self) -> Res<bool, S::Error> {
+    pub(super) fn entry_fast(&mut self) -> Res<Entry, S::Error> {
         let l = self.limits;
         // Room for everything the general machine would check as it goes.
         if self.stack.len() + 2 * MAX_PAIRS + MAX_FRAMES + 4 >= l.max_stack as usize
             || self.marks.len() + 2 >= l.max_marks as usize
             || self.heap.container_count() + 2 > l.max_containers.min(u32::MAX as u64)
         {
-            return Ok(false);
+            return Ok(Entry::Fallback);
         }
-        let (heads, memo_start, at) = (self.heap.node_count(), self.memo.slots.len(), self.at);
+        let (heads, memo_start, at) = (self.heap.node_count(), self.memo.len(), self.at);
         let mut parts = Parts {
             scratch: &mut self.fast,
             heap: &mut self.heap,
@@ -80,70 +105,96 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
             memo_start,
             open_slots: [usize::MAX; 2],
             unbuilt: 0,
+            unseen: false,
+            short: false,
         };
         let outcome = parts.dict(self.input.window(), &mut self.at);
-        let unbuilt = parts.unbuilt;
+        let (unbuilt, unseen, short) = (parts.unbuilt, parts.unseen, parts.short);
         match outcome {
             Ok(Fast::Folded { used, value }) => {
                 self.input.advance(used);
                 self.heap.count_unbuilt(unbuilt);
                 self.fast_dicts += 1;
                 self.stack.push(value);
-                Ok(true)
+                Ok(Entry::Read)
             }
             Ok(Fast::Fallback) => {
                 self.memo.truncate(memo_start);
                 self.heap.truncate_nodes(heads);
                 self.at = at;
-                Ok(false)
+                Ok(if unseen {
+                    Entry::Unseen
+                } else if short {
+                    Entry::Short
+                } else {
+                    Entry::Fallback
+                })
             }
             Err(e) => Err(e),
         }
     }
 }
 
+#[inline(always)]
+fn u32_at(w: &[u8; STEP], i: usize) -> u32 {
+    u32::from_le_bytes([w[i], w[i + 1], w[i + 2], w[i + 3]])
+}
+
 impl<S: Sink> Parts<'_, S> {
+    /// The `STEP` bytes at `p`, if the buffer holds them (noting when it does not).
+    #[inline(always)]
+    fn step<'b>(&mut self, buf: &'b [u8], p: usize) -> Option<&'b [u8; STEP]> {
+        let view = buf.get(p..p.checked_add(STEP)?).and_then(|b| b.try_into().ok());
+        self.short |= view.is_none();
+        view
+    }
+
     /// The dict after its EMPTY_DICT, up to and including its SETITEMS.
     #[inline]
     fn dict(&mut self, buf: &[u8], at: &mut u64) -> Res<Fast, S::Error> {
         let Some(mut p) = self.open(buf, 0, 0) else { return Ok(Fast::Fallback) };
-        let mut items = std::mem::take(&mut self.scratch.items);
-        items.clear();
-        let outcome = self.pairs(buf, &mut p, &mut items, at);
-        let folded = match outcome {
-            Ok(true) => self.fold(&items, p, at, Kind::Dict),
-            Ok(false) => Ok(None),
-            Err(e) => Err(e),
-        };
-        self.scratch.items = items;
-        let Some(value) = folded? else { return Ok(Fast::Fallback) };
+        let mut items = [Value::None; 2 * MAX_PAIRS];
+        let (mut n, mut depth) = (0, 0);
+        loop {
+            let Some(w) = self.step(buf, p) else { return Ok(Fast::Fallback) };
+            if w[0] == op::SETITEMS {
+                break;
+            }
+            // Protocol 4 frames the pickle every 64 KiB, between any two opcodes.
+            if w[0] == op::FRAME {
+                p += 9;
+                continue;
+            }
+            if n == items.len() {
+                return Ok(Fast::Fallback);
+            }
+            let found = if w[0] == op::EMPTY_LIST { self.frames(buf, p + 1, at)? } else { self.scalar(buf, p, w) };
+            let Some((value, d, next)) = found else { return Ok(Fast::Fallback) };
+            items[n] = value;
+            n += 1;
+            depth = depth.max(d);
+            p = next;
+        }
+        if n == 0 || !n.is_multiple_of(2) {
+            return Ok(Fast::Fallback);
+        }
+        let Some(value) = self.fold(&items[..n], depth, p, at, Kind::Dict)? else { return Ok(Fast::Fallback) };
         Ok(Fast::Folded { used: p + 1, value })
     }
 
-    /// The pairs of a dict up to its SETITEMS (at `p` after); false to fall back.
+    /// Hands a finished container's `items` (whose greatest depth is `depth`) to the sink, as
+    /// the general machine would when its closing opcode (at `p`) places them: within the
+    /// value and depth limits, and with the sink's errors at that opcode. None to fall back.
     #[inline(always)]
-    fn pairs(&mut self, buf: &[u8], p: &mut usize, items: &mut Vec<Value>, at: &mut u64) -> Res<bool, S::Error> {
-        loop {
-            let Some(&code) = buf.get(*p) else { return Ok(false) };
-            if code == op::SETITEMS {
-                return Ok(!items.is_empty() && items.len().is_multiple_of(2));
-            }
-            if items.len() == 2 * MAX_PAIRS {
-                return Ok(false);
-            }
-            let found = if code == op::EMPTY_LIST { self.frames(buf, *p + 1, at)? } else { self.scalar(buf, *p) };
-            let Some((value, next)) = found else { return Ok(false) };
-            *p = next;
-            items.push(value);
-        }
-    }
-
-    /// Hands a finished container's `items` to the sink, as the general machine would when
-    /// its closing opcode (at `p`) places them: within the value and depth limits, and with
-    /// the sink's errors at that opcode. None to fall back.
-    fn fold(&mut self, items: &[Value], p: usize, at: &mut u64, kind: Kind) -> Res<Option<Value>, S::Error> {
-        let depth = items.iter().map(|&v| self.heap.value_depth(v)).max().unwrap_or(0);
-        if self.heap.value_count() + items.len() as u64 > self.limits.max_values || depth >= self.limits.max_depth {
+    fn fold(
+        &mut self,
+        items: &[Value],
+        depth: u32,
+        p: usize,
+        at: &mut u64,
+        kind: Kind,
+    ) -> Res<Option<Value>, S::Error> {
+        if !self.heap.room_for_values(items.len() as u64, self.limits.max_values) || depth >= self.limits.max_depth {
             return Ok(None);
         }
         *at = self.base + p as u64;
@@ -162,40 +213,49 @@ impl<S: Sink> Parts<'_, S> {
     }
 
     /// A frames list after its EMPTY_LIST: memoized frame dicts, folded by the sink into one
-    /// value, or none. Returns the value and the position after the list.
-    fn frames(&mut self, buf: &[u8], from: usize, at: &mut u64) -> Res<Option<(Value, usize)>, S::Error> {
+    /// value, or none. Returns the value, its depth and the position after the list.
+    fn frames(&mut self, buf: &[u8], from: usize, at: &mut u64) -> Res<Option<(Value, u32, usize)>, S::Error> {
         if buf.get(self.memo_op(buf, from).map_or(from, |(_, p)| p)) != Some(&op::MARK) {
             return Ok(self.empty_list(buf, from));
         }
         let Some(mut p) = self.open(buf, from, 1) else { return Ok(None) };
         let mut items = std::mem::take(&mut self.scratch.frames);
         items.clear();
+        let mut depth = 0;
         let complete = loop {
-            let Some(&code) = buf.get(p) else { break false };
-            if code == op::APPENDS {
+            let Some(w) = self.step(buf, p) else { break false };
+            if w[0] == op::APPENDS {
                 break !items.is_empty();
+            }
+            if w[0] == op::FRAME {
+                p += 9;
+                continue;
             }
             if items.len() == MAX_FRAMES {
                 break false;
             }
             // A frame dict the general machine has placed before: anything else it would
             // seal or fold on the way in, which is its business.
-            match self.get(buf, p) {
-                Some((v @ Value::Node(id), next)) if self.heap.kind(id) == Kind::Dict && self.heap.sealed(id) => {
-                    items.push(v);
-                    p = next;
-                }
+            let (index, next) = match w[0] {
+                op::BINGET => (w[1] as usize, p + 2),
+                op::LONG_BINGET => (u32_at(w, 1) as usize, p + 5),
                 _ => break false,
-            }
+            };
+            let Some(Value::Node(id)) = self.get_raw(index) else { break false };
+            let Some(d) = self.heap.sealed_dict(id) else { break false };
+            items.push(Value::Node(id));
+            depth = depth.max(d);
+            p = next;
         };
-        let folded = if complete { self.fold(&items, p, at, Kind::List) } else { Ok(None) };
+        let folded = if complete { self.fold(&items, depth, p, at, Kind::List) } else { Ok(None) };
         self.scratch.frames = items;
-        Ok(folded?.map(|v| (v, p + 1)))
+        // A folded list adds the depth of a folded value.
+        Ok(folded?.map(|v| (v, 2, p + 1)))
     }
 
     /// An empty list (torch's frames of an allocation made outside Python): a real, empty
     /// container, sealed as it is placed, as the general machine leaves it.
-    fn empty_list(&mut self, buf: &[u8], p: usize) -> Option<(Value, usize)> {
+    fn empty_list(&mut self, buf: &[u8], p: usize) -> Option<(Value, u32, usize)> {
         let (put, next) = self.memo_op(buf, p)?;
         let id = self.heap.new_node(Kind::List);
         self.heap.seal(id);
@@ -203,31 +263,33 @@ impl<S: Sink> Parts<'_, S> {
         if put {
             self.put(v)?;
         }
-        Some((v, next))
+        Some((v, self.heap.depth(id), next))
     }
 
     /// After a new container's opcode at `p`: its memo put, which must append (a placeholder
     /// until the container is done), then MARK. Returns the position after the MARK.
+    #[inline(always)]
     fn open(&mut self, buf: &[u8], p: usize, which: usize) -> Option<usize> {
         let (put, p) = self.memo_op(buf, p)?;
         if put {
-            self.open_slots[which] = self.memo.slots.len();
+            self.open_slots[which] = self.memo.len();
             self.put(Value::Node(0))?;
         }
         (buf.get(p) == Some(&op::MARK)).then_some(p + 1)
     }
 
     /// Gives an opened container's memo slot, if any, its final value.
+    #[inline(always)]
     fn close(&mut self, which: usize, value: Value) -> bool {
         let slot = std::mem::replace(&mut self.open_slots[which], usize::MAX);
-        slot == usize::MAX || self.memo.put(slot, value)
+        slot == usize::MAX || self.memo.fill(slot, value)
     }
 
     /// A memo put at `p` (MEMOIZE, or BINPUT / LONG_BINPUT of the next index), if there is
     /// one: whether there was, and the position after it. None for a put elsewhere.
     #[inline(always)]
     fn memo_op(&self, buf: &[u8], p: usize) -> Option<(bool, usize)> {
-        let next = self.memo.slots.len() as u64;
+        let next = self.memo.len() as u64;
         match *buf.get(p)? {
             op::MEMOIZE => Some((true, p + 1)),
             op::BINPUT => (*buf.get(p + 1)? as u64 == next).then_some((true, p + 2)),
@@ -240,77 +302,81 @@ impl<S: Sink> Parts<'_, S> {
     /// general machine).
     #[inline(always)]
     fn put(&mut self, v: Value) -> Option<()> {
-        let len = self.memo.slots.len();
+        let len = self.memo.len();
         if len as u64 >= self.limits.max_memo {
             return None;
         }
         self.memo.put(len, v).then_some(())
     }
 
-    /// A memo get at `p`, resolved as the general machine's settling would see the value.
+    /// The memo's value at `index`, unless it is a container this entry has opened.
     #[inline(always)]
-    fn get(&self, buf: &[u8], p: usize) -> Option<(Value, usize)> {
-        let (index, next) = match *buf.get(p)? {
-            op::BINGET => (*buf.get(p + 1)? as usize, p + 2),
-            op::LONG_BINGET => (le_u32(buf, p + 1)? as usize, p + 5),
-            _ => return None,
+    fn get_raw(&mut self, index: usize) -> Option<Value> {
+        let Some(slot) = self.memo.slot(index) else {
+            self.unseen |= self.memo.unseen(index);
+            return None;
         };
-        let slot = *self.memo.slots.get(index)?;
         if index >= self.memo_start && self.open_slots.contains(&index) {
             return None;
         }
-        let v = match self.memo.decode(slot) {
-            Value::Node(id) => match self.heap.folded(id) {
-                Some(f) => Value::Folded(f),
-                None if self.heap.sealed(id) => Value::Node(id),
-                None => return None,
-            },
-            v => v,
-        };
-        Some((v, next))
+        Some(self.memo.decode(slot))
     }
 
-    /// A key or value that is no container: a memo get, a string with its memo put, a
-    /// number, None or a bool. Returns it and the position after it.
+    /// A memo get's value as the general machine's settling would see it, with its depth.
     #[inline(always)]
-    fn scalar(&mut self, buf: &[u8], p: usize) -> Option<(Value, usize)> {
-        let code = *buf.get(p)?;
-        let (v, next) = match code {
-            op::BINGET | op::LONG_BINGET => return self.get(buf, p),
-            op::SHORT_BINUNICODE => {
-                let n = *buf.get(p + 1)? as usize;
-                self.string(buf, p + 2, n)?
+    fn get(&mut self, index: usize) -> Option<(Value, u32)> {
+        match self.get_raw(index)? {
+            Value::Node(id) => self.heap.placed(id),
+            v @ Value::Folded(_) => Some((v, 2)),
+            v => Some((v, 0)),
+        }
+    }
+
+    /// A key or value that is no container, its opcode's bytes in `w`: a memo get, a string
+    /// with its memo put, a number, None or a bool. Returns it, its depth and the position
+    /// after it.
+    #[inline(always)]
+    fn scalar(&mut self, buf: &[u8], p: usize, w: &[u8; STEP]) -> Option<(Value, u32, usize)> {
+        let (v, next) = match w[0] {
+            op::LONG_BINGET => {
+                let (v, d) = self.get(u32_at(w, 1) as usize)?;
+                return Some((v, d, p + 5));
             }
-            op::BINUNICODE => {
-                let n = le_u32(buf, p + 1)? as usize;
-                self.string(buf, p + 5, n)?
+            op::BINGET => {
+                let (v, d) = self.get(w[1] as usize)?;
+                return Some((v, d, p + 2));
             }
-            op::BININT1 => (Value::Int(*buf.get(p + 1)? as i64), p + 2),
-            op::BININT2 => (Value::Int(u16::from_le_bytes(bytes(buf, p + 1)?) as i64), p + 3),
-            op::BININT => (Value::Int(le_u32(buf, p + 1)? as i32 as i64), p + 5),
             op::LONG1 => {
-                let n = *buf.get(p + 1)? as usize;
+                let n = w[1] as usize;
                 if n > 8 {
                     return None;
                 }
-                // One 8-byte load (the entry goes on past the number), the bytes shifted to
-                // the top of the word: an arithmetic shift down sign-extends them.
-                let word = u64::from_le_bytes(bytes(buf, p + 2)?);
+                // The bytes shifted to the top of the word: an arithmetic shift down
+                // sign-extends them.
+                let word = u64::from_le_bytes([w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9]]);
                 let v = if n == 0 { 0 } else { ((word << (64 - 8 * n)) as i64) >> (64 - 8 * n) };
                 (Value::Int(v), p + 2 + n)
             }
-            op::BINFLOAT => (Value::Float(f64::from_be_bytes(bytes(buf, p + 1)?)), p + 9),
+            op::BININT => (Value::Int(u32_at(w, 1) as i32 as i64), p + 5),
+            op::BININT1 => (Value::Int(w[1] as i64), p + 2),
+            op::BININT2 => (Value::Int(u16::from_le_bytes([w[1], w[2]]) as i64), p + 3),
+            op::SHORT_BINUNICODE => return self.string(buf, p + 2, w[1] as usize),
+            op::BINUNICODE => return self.string(buf, p + 5, u32_at(w, 1) as usize),
+            op::BINFLOAT => {
+                let bits = [w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]];
+                (Value::Float(f64::from_be_bytes(bits)), p + 9)
+            }
             op::NONE => (Value::None, p + 1),
             op::NEWTRUE => (Value::Bool(true), p + 1),
             op::NEWFALSE => (Value::Bool(false), p + 1),
             _ => return None,
         };
-        Some((v, next))
+        Some((v, 0, next))
     }
 
     /// A string of `n` bytes at `p`, interned, and the memo put after it if any.
     #[inline(always)]
-    fn string(&mut self, buf: &[u8], p: usize, n: usize) -> Option<(Value, usize)> {
+    fn string(&mut self, buf: &[u8], p: usize, n: usize) -> Option<(Value, u32, usize)> {
         if n as u64 > self.limits.max_string_bytes {
             return None;
         }
@@ -321,16 +387,12 @@ impl<S: Sink> Parts<'_, S> {
         if put {
             self.put(v)?;
         }
-        Some((v, next))
+        Some((v, 0, next))
     }
 }
 
 #[inline(always)]
-fn bytes<const N: usize>(buf: &[u8], p: usize) -> Option<[u8; N]> {
-    buf.get(p..p + N)?.try_into().ok()
-}
-
-#[inline(always)]
 fn le_u32(buf: &[u8], p: usize) -> Option<u32> {
-    bytes::<4>(buf, p).map(u32::from_le_bytes)
+    let b: [u8; 4] = buf.get(p..p + 4)?.try_into().ok()?;
+    Some(u32::from_le_bytes(b))
 }

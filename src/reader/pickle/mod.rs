@@ -14,6 +14,10 @@ use super::{Limits, Parsed, Sink};
 mod dispatch;
 mod entry;
 mod opcodes;
+mod split;
+mod walk;
+
+pub use split::{Open, Split, read_split};
 
 use opcodes as op;
 
@@ -35,29 +39,60 @@ pub(super) struct Vm<'a, R, S> {
     scratch: Vec<u8>,
     fast: entry::Scratch,
     fast_dicts: u64,
+    /// Dicts the fast path read since it last left one to the general machine: new frames
+    /// make it do so, and a split waits until they have become rare (`split.rs`).
+    fast_streak: u64,
+    /// The bytes a later part read, once taken in.
+    later_part: Option<std::ops::Range<u64>>,
     protocol: Option<u8>,
     /// Offset of the opcode being run, for errors.
     at: u64,
+    /// A read in two parts (`split.rs`): the earlier part's plan for the later one.
+    parts: Option<Box<dyn split::Parts<R, S> + 'a>>,
+    /// The later part's reader stops where its list ends: at an opcode other than MARK or
+    /// FRAME with no MARK open (or when the flag is set: the earlier part gave up on it).
+    part_ends: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl<'a, R: Read, S: Sink> Vm<'a, R, S> {
+    fn new(input: Input<R>, limits: &'a Limits, sink: &'a mut S, heap: Heap, memo: Memo) -> Self {
+        Vm {
+            input,
+            limits,
+            sink,
+            heap,
+            stack: Vec::new(),
+            marks: Vec::new(),
+            memo,
+            scratch: Vec::new(),
+            fast: entry::Scratch::default(),
+            fast_dicts: 0,
+            fast_streak: 0,
+            later_part: None,
+            protocol: None,
+            at: 0,
+            parts: None,
+            part_ends: None,
+        }
+    }
 }
 
 /// Runs a pickle to its STOP and returns the value it built.
 pub fn read<R: Read, S: Sink>(reader: R, limits: &Limits, sink: &mut S) -> Result<Parsed, Failure<S::Error>> {
+    read_with(reader, limits, sink, None)
+}
+
+fn read_with<'a, R: Read, S: Sink>(
+    reader: R,
+    limits: &'a Limits,
+    sink: &'a mut S,
+    parts: Option<Box<dyn split::Parts<R, S> + 'a>>,
+) -> Result<Parsed, Failure<S::Error>> {
     let mut heap = Heap::default();
     sink.prepare(&mut heap.strings);
-    let mut vm = Vm {
-        input: Input::new(reader, limits.max_input_bytes),
-        limits,
-        sink,
-        heap,
-        stack: Vec::new(),
-        marks: Vec::new(),
-        memo: Memo::default(),
-        scratch: Vec::new(),
-        fast: entry::Scratch::default(),
-        fast_dicts: 0,
-        protocol: None,
-        at: 0,
-    };
+    let input = Input::new(reader, limits.max_input_bytes);
+    let mut vm = Vm::new(input, limits, sink, heap, Memo::new());
+    vm.parts = parts;
     let mut root = vm.run()?;
     // A root dict the sink folded reads as its folded id, as it does anywhere else (and as
     // the entry fast path leaves it).
@@ -66,7 +101,14 @@ pub fn read<R: Read, S: Sink>(reader: R, limits: &Limits, sink: &mut S) -> Resul
     {
         root = Value::Folded(f);
     }
-    Ok(Parsed { root, heap: vm.heap, protocol: vm.protocol, bytes_read: vm.input.offset(), fast_dicts: vm.fast_dicts })
+    Ok(Parsed {
+        root,
+        heap: vm.heap,
+        protocol: vm.protocol,
+        bytes_read: vm.input.offset(),
+        fast_dicts: vm.fast_dicts,
+        later_part: vm.later_part,
+    })
 }
 
 impl<R: Read, S: Sink> Vm<'_, R, S> {
@@ -159,7 +201,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
     /// their greatest depth.
     fn settle_range(&mut self, id: u32, from: usize) -> Res<u32, S::Error> {
         let n = (self.stack.len() - from) as u64;
-        if self.heap.value_count() + n > self.limits.max_values {
+        if !self.heap.room_for_values(n, self.limits.max_values) {
             return self.limit("number of values", self.limits.max_values);
         }
         let mut max_depth = 0;
@@ -257,7 +299,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
     /// Puts `v` (the value on top of the stack) in the memo at `index`, within the limits.
     #[inline(always)]
     fn memo_store(&mut self, index: u64, v: Value) -> Res<(), S::Error> {
-        let len = self.memo.slots.len() as u64;
+        let len = self.memo.len() as u64;
         if index > len {
             // Python's pickler never skips indexes; allow a few, as a map.
             if self.memo.sparse.len() as u64 >= self.limits.max_marks {
@@ -277,7 +319,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
 
     #[inline(always)]
     fn memo_get(&mut self, index: u64) -> Res<(), S::Error> {
-        if let Some(&slot) = self.memo.slots.get(index as usize) {
+        if let Some(slot) = self.memo.slot(index as usize) {
             let v = self.memo.decode(slot);
             return self.push(v);
         }
@@ -373,7 +415,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
         if self.input.peek() == Some(op::MEMOIZE) {
             self.at = self.input.offset();
             self.input.skip(1);
-            self.memo_store(self.memo.slots.len() as u64, v)?;
+            self.memo_store(self.memo.len() as u64, v)?;
         }
         Ok(())
     }

@@ -1,0 +1,94 @@
+//! A big pickle file read in two parts at once (`reader::Split`): the reader opens the file
+//! again for each part, and a thread of its own hashes it meanwhile.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use sha2::{Digest, Sha256};
+
+use crate::reader::{self, Split};
+use crate::snapshot::{SnapshotSink, Source};
+
+use super::{IngestError, Ingested, Options, TwoParts, model};
+
+/// Bytes hashed at a time.
+const CHUNK: usize = 256 << 10;
+
+pub(super) fn ingest(path: &Path, len: u64, parts: TwoParts, options: &Options) -> Result<Ingested, IngestError> {
+    return_big_blocks_when_freed();
+    let mut file = std::fs::File::open(path).map_err(IngestError::Io)?;
+    let progress = options.progress.clone();
+    let hashing = std::thread::spawn(move || -> std::io::Result<(String, u64)> {
+        yield_to_the_parts();
+        let (mut hasher, mut count, mut buf) = (Sha256::new(), 0u64, vec![0u8; CHUNK]);
+        loop {
+            let n = super::read_full(&mut file, &mut buf)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            count += n as u64;
+            if let Some(p) = &progress {
+                p.store(count, Ordering::Relaxed);
+            }
+        }
+        Ok((hasher.finalize().iter().map(|b| format!("{b:02x}")).collect(), count))
+    });
+    let path = path.to_owned();
+    let open: reader::Open = Arc::new(move |at| {
+        let mut f = std::fs::File::open(&path)?;
+        f.seek(SeekFrom::Start(at))?;
+        Ok(Box::new(f) as Box<dyn Read + Send>)
+    });
+    let split = Split {
+        len,
+        open,
+        min_items: parts.min_items,
+        min_bytes: 0,
+        fork_share: parts.fork_share,
+        quiet: parts.quiet,
+        later_share: parts.later_share,
+    };
+    let mut sink = SnapshotSink::new(options.max_events);
+    let parsed = reader::read_pickle_split(split, &options.limits, &mut sink);
+    let hashed = hashing.join().map_err(|_| IngestError::Io(std::io::Error::other("hashing thread failed")));
+    let m = model(parsed, sink, "")?;
+    let (sha256, bytes) = hashed?.map_err(IngestError::Io)?;
+    let source = Source {
+        bytes,
+        sha256,
+        encoding: "pickle".to_string(),
+        compression: "none".to_string(),
+        pickle_protocol: m.protocol,
+    };
+    Ok(Ingested { snapshot: m.snapshot, source, fast_dicts: m.fast_dicts, later_part: m.later_part })
+}
+
+/// The hash is needed only at the end, the parts all along: on a machine of two cores, the
+/// hashing thread runs when a part waits (for the other, or to take it in) rather than beside
+/// both. Linux applies a nice value to the calling thread.
+fn yield_to_the_parts() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority with PRIO_PROCESS and 0 changes only the calling thread's nice value.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+    }
+}
+
+/// The second part's thread allocates in a malloc arena of its own, and the first part frees
+/// what it took in (chunks of a few MB). glibc's mmap threshold rises to the size of each
+/// block freed, so those chunks would be kept in that arena, resident, for the rest of the
+/// process, and peak memory would grow by them. A fixed threshold returns such blocks to the
+/// system as they are freed.
+fn return_big_blocks_when_freed() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        // SAFETY: mallopt only sets a tuning parameter of the allocator.
+        ONCE.call_once(|| unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+        });
+    }
+}

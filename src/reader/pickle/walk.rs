@@ -1,0 +1,261 @@
+//! A walk over opcodes that builds nothing: it finds where the later part of a split read
+//! (`split.rs`) can start, and how many memo entries the pickle has made by then.
+//!
+//! It steps over each opcode's operands exactly as the machine reads them, counts the memo's
+//! appends, and follows the MARKs, so that it knows where a batch of the list closes. It
+//! follows binary opcodes only: a text opcode, a refused or unknown one, or the end of the
+//! list before the target means no split. Nothing it finds is trusted: the earlier part
+//! checks, when it gets there, that it stands where the walk said.
+
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::super::input::Input;
+use super::opcodes as op;
+
+/// Where the later part can start: right after the APPENDS that closes a batch of the list,
+/// at byte `at`, with `memo` entries made before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Start {
+    pub at: u64,
+    pub memo: usize,
+}
+
+/// An opcode and its fixed operands fit in this many bytes (FRAME and BINFLOAT take 9).
+const VIEW: usize = 16;
+
+struct Walk {
+    memo: usize,
+    /// MARKs open above the list.
+    depth: u32,
+    /// Entries the later part has copied (the first ones); those after, up to where it
+    /// starts, it cannot see.
+    copied: usize,
+    target: u64,
+    /// A start past the target, kept if the batch after it reads nothing the later part
+    /// cannot see (a trace entry may refer back to the one before it).
+    candidate: Option<Start>,
+    /// Starts passed over so: after `PASS_OVER`, the next is taken anyway, and the later part
+    /// reads up to its first entry that refers back past its copy.
+    passed: u32,
+}
+
+const PASS_OVER: u32 = 8;
+
+enum Step {
+    /// Bytes the opcode took, operands included.
+    Next(u64),
+    Found(Start),
+    /// No split: the list ended, or an opcode the walk does not follow.
+    Stop,
+}
+
+/// Walks from right after an APPENDS on the list (no MARK open above it), with `memo`
+/// entries made, to the first batch boundary at or past byte `target` after which the next
+/// batch reads no memo entry between the first `copied` and that boundary. None when there
+/// is none, or when `cancel` is set.
+pub(super) fn walk<R: Read>(
+    input: &mut Input<R>,
+    memo: usize,
+    copied: usize,
+    target: u64,
+    cancel: &AtomicBool,
+) -> Option<Start> {
+    let mut w = Walk { memo, depth: 0, copied, target, candidate: None, passed: 0 };
+    loop {
+        if cancel.load(Ordering::Relaxed) || !input.ensure(VIEW).ok()? {
+            return None;
+        }
+        let buf = input.window();
+        let mut p = 0;
+        let mut skip = 0;
+        while p + VIEW <= buf.len() {
+            let view: &[u8; VIEW] = buf[p..p + VIEW].try_into().ok()?;
+            match w.step(view, input.offset() + p as u64) {
+                Step::Next(n) if n as usize <= buf.len() - p => p += n as usize,
+                // A long string: skip past the buffer.
+                Step::Next(n) => {
+                    skip = n - (buf.len() - p) as u64;
+                    p = buf.len();
+                }
+                Step::Found(start) => return Some(start),
+                Step::Stop => return None,
+            }
+        }
+        input.advance(p);
+        input.skip_bytes(skip).ok()?;
+    }
+}
+
+impl Walk {
+    /// One opcode, its bytes in `v`; `at` is its offset.
+    #[inline(always)]
+    fn step(&mut self, v: &[u8; VIEW], at: u64) -> Step {
+        let code = v[0];
+        if self.depth == 0 && code != op::MARK && code != op::FRAME {
+            return Step::Stop;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes([v[i], v[i + 1], v[i + 2], v[i + 3]]) as u64;
+        let u64_at =
+            |i: usize| u64::from_le_bytes([v[i], v[i + 1], v[i + 2], v[i + 3], v[i + 4], v[i + 5], v[i + 6], v[i + 7]]);
+        let n = match code {
+            op::BINGET => return self.get(v[1] as usize, 2),
+            op::LONG_BINGET => return self.get(u32_at(1) as usize, 5),
+            op::MEMOIZE => {
+                self.memo += 1;
+                1
+            }
+            op::BINPUT => self.put(v[1] as usize, 2),
+            op::LONG_BINPUT => self.put(u32_at(1) as usize, 5),
+            op::MARK => {
+                self.depth += 1;
+                1
+            }
+            op::APPENDS
+            | op::SETITEMS
+            | op::ADDITEMS
+            | op::TUPLE
+            | op::LIST
+            | op::DICT
+            | op::FROZENSET
+            | op::POP_MARK => {
+                self.depth -= 1;
+                if code == op::APPENDS && self.depth == 0 {
+                    return self.boundary(at + 1);
+                }
+                1
+            }
+            op::STOP => return Step::Stop,
+            op::POP
+            | op::DUP
+            | op::NONE
+            | op::NEWTRUE
+            | op::NEWFALSE
+            | op::EMPTY_DICT
+            | op::EMPTY_LIST
+            | op::EMPTY_TUPLE
+            | op::EMPTY_SET
+            | op::APPEND
+            | op::SETITEM
+            | op::TUPLE1..=op::TUPLE3 => 1,
+            op::BININT1 | op::PROTO => 2,
+            op::BININT2 => 3,
+            op::BININT => 5,
+            op::BINFLOAT | op::FRAME => 9,
+            op::SHORT_BINSTRING | op::SHORT_BINBYTES | op::SHORT_BINUNICODE | op::LONG1 => 2 + v[1] as u64,
+            op::BINSTRING | op::BINBYTES | op::BINUNICODE | op::LONG4 => 5 + u32_at(1),
+            op::BINUNICODE8 | op::BINBYTES8 | op::BYTEARRAY8 => match u64_at(1).checked_add(9) {
+                Some(n) => n,
+                None => return Step::Stop,
+            },
+            _ => return Step::Stop,
+        };
+        Step::Next(n)
+    }
+
+    fn get(&mut self, index: usize, n: u64) -> Step {
+        if let Some(c) = self.candidate
+            && index >= self.copied
+            && index < c.memo
+            && self.passed < PASS_OVER
+        {
+            self.candidate = None;
+            self.passed += 1;
+        }
+        Step::Next(n)
+    }
+
+    /// BINPUT and LONG_BINPUT append when they name the next index (as the pickler's do).
+    fn put(&mut self, index: usize, n: u64) -> u64 {
+        if index == self.memo {
+            self.memo += 1;
+        }
+        n
+    }
+
+    /// A batch of the list closed, the next opcode at `at`.
+    fn boundary(&mut self, at: u64) -> Step {
+        if let Some(c) = self.candidate {
+            return Step::Found(c);
+        }
+        if at >= self.target {
+            self.candidate = Some(Start { at, memo: self.memo });
+        }
+        Step::Next(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A list of `batches` batches of `per` one-entry dicts `{'k': i}`, the key memoized
+    /// once, as protocol 4 writes it; returns the pickle and the offset after each batch.
+    fn list(batches: usize, per: usize, refer_back: bool) -> (Vec<u8>, Vec<u64>) {
+        let mut b = vec![0x80, 4, op::EMPTY_LIST, op::MEMOIZE];
+        let mut ends = Vec::new();
+        let mut memo = 1;
+        for batch in 0..batches {
+            b.push(op::MARK);
+            for i in 0..per {
+                b.extend_from_slice(&[op::EMPTY_DICT, op::MEMOIZE]);
+                memo += 1;
+                if batch == 0 && i == 0 {
+                    b.extend_from_slice(&[op::SHORT_BINUNICODE, 1, b'k', op::MEMOIZE]);
+                    memo += 1;
+                } else {
+                    b.extend_from_slice(&[op::BINGET, 2]);
+                }
+                if refer_back && batch == 2 && i == 0 {
+                    // The first entry of batch 2 refers to the last dict of batch 1.
+                    b.extend_from_slice(&[op::LONG_BINGET]);
+                    b.extend_from_slice(&((memo - 2) as u32).to_le_bytes());
+                } else {
+                    b.extend_from_slice(&[op::BININT1, i as u8]);
+                }
+                b.push(op::SETITEM);
+            }
+            b.push(op::APPENDS);
+            ends.push(b.len() as u64);
+        }
+        b.extend_from_slice(&[op::STOP]);
+        b.extend_from_slice(&[0; VIEW]);
+        (b, ends)
+    }
+
+    fn walk_from(bytes: &[u8], from: u64, memo: usize, copied: usize, target: u64) -> Option<Start> {
+        let mut input = Input::new(bytes, u64::MAX);
+        input.skip_bytes(from).unwrap();
+        walk(&mut input, memo, copied, target, &AtomicBool::new(false))
+    }
+
+    #[test]
+    fn finds_the_first_clean_boundary_past_the_target_and_the_memo_there() {
+        let (bytes, ends) = list(5, 3, false);
+        // After batch 0: the list, 3 dicts and the key are memoized.
+        let start = walk_from(&bytes, ends[0], 5, 5, ends[1]).unwrap();
+        assert_eq!(start, Start { at: ends[1], memo: 8 });
+        let start = walk_from(&bytes, ends[0], 5, 5, ends[1] + 1).unwrap();
+        assert_eq!(start, Start { at: ends[2], memo: 11 });
+    }
+
+    #[test]
+    fn a_boundary_whose_next_batch_refers_back_is_passed_over() {
+        let (bytes, ends) = list(5, 3, true);
+        let start = walk_from(&bytes, ends[0], 5, 5, ends[1]).unwrap();
+        assert_eq!(start, Start { at: ends[2], memo: 11 }, "batch 2 reads a dict of batch 1");
+        // With that dict among the copied entries, the first boundary serves.
+        let start = walk_from(&bytes, ends[0], 5, 9, ends[1]).unwrap();
+        assert_eq!(start.at, ends[1]);
+    }
+
+    #[test]
+    fn no_split_when_the_list_ends_first_or_on_a_text_opcode() {
+        let (bytes, ends) = list(3, 3, false);
+        assert_eq!(walk_from(&bytes, ends[0], 5, 5, ends[2] + 1), None);
+        let (mut bytes, ends) = list(4, 3, false);
+        let at = ends[1] as usize + 1;
+        bytes[at] = op::INT;
+        assert_eq!(walk_from(&bytes, ends[0], 5, 5, ends[2]), None);
+    }
+}

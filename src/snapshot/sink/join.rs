@@ -1,0 +1,169 @@
+//! The sink's side of a read in two parts (`reader/pickle/split.rs`): a copy that folds the
+//! later part's entries on another thread, and taking what it folded in, with the ids a
+//! single read gives (new frames, stacks, streams and unknown actions numbered in the order
+//! the later part met them, after this part's).
+
+use crate::reader::{FoldedIds, Ids};
+use crate::snapshot::{Action, Event, Extra, Frame, StackId, Times};
+
+use super::{STACK_TAG, SnapshotSink};
+
+/// Events a chunk of a forked sink holds.
+const CHUNK: usize = 1 << 16;
+
+/// What a forked sink started from, and its events and their times so far in full chunks.
+pub(super) struct Forked {
+    frames: usize,
+    stacks: usize,
+    streams: usize,
+    unknown: usize,
+    chunks: Vec<(Vec<Event>, Times)>,
+    /// Events in `chunks`.
+    pub(super) chunked: usize,
+}
+
+impl SnapshotSink {
+    /// A copy for the later part: what it interns is known, and it folds events afresh.
+    pub(super) fn forked_copy(&self) -> SnapshotSink {
+        SnapshotSink {
+            keys: self.keys,
+            max_events: self.max_events,
+            events: Vec::new(),
+            times: Times::default(),
+            extras: Vec::new(),
+            stacks: self.stacks.clone(),
+            streams: self.streams.clone(),
+            stream_index: self.stream_index.clone(),
+            last_stream: self.last_stream,
+            action_by_str: self.action_by_str.clone(),
+            last_action: self.last_action,
+            frame_by_node: self.frame_by_node.clone(),
+            scratch: Vec::new(),
+            stack_by_nodes: self.stack_by_nodes.clone(),
+            node_scratch: Vec::new(),
+            unknown_actions: self.unknown_actions.clone(),
+            forked: Some(Forked {
+                frames: self.stacks.frame_count(),
+                stacks: self.stacks.stack_count(),
+                streams: self.streams.len(),
+                unknown: self.unknown_actions.len(),
+                chunks: Vec::new(),
+                chunked: 0,
+            }),
+        }
+    }
+
+    /// Keeps an event (its time pushed already); a forked sink moves full chunks aside.
+    #[inline(always)]
+    pub(super) fn push_event(&mut self, event: Event) {
+        self.events.push(event);
+        if let Some(f) = &mut self.forked
+            && self.events.len() == CHUNK
+        {
+            f.chunked += CHUNK;
+            let events = std::mem::replace(&mut self.events, Vec::with_capacity(CHUNK));
+            f.chunks.push((events, std::mem::take(&mut self.times)));
+        }
+    }
+
+    /// Takes in what `later` (forked from this sink) folded; None, changing nothing, if the
+    /// event, stream or action limits would be passed.
+    pub(super) fn take_in(&mut self, mut later: SnapshotSink, ids: &Ids) -> Option<Box<dyn FoldedIds>> {
+        let base = later.forked.take()?;
+        let (n_here, n_later) = (self.event_count(), base.chunked + later.events.len());
+        let new_streams = later.streams[base.streams..].iter().filter(|s| !self.stream_index.contains_key(s)).count();
+        let new_actions =
+            later.unknown_actions[base.unknown..].iter().filter(|a| !self.unknown_actions.contains(a)).count();
+        if (n_here + n_later) as u64 > self.max_events
+            || self.streams.len() + new_streams > u16::MAX as usize
+            || Action::FIRST_UNKNOWN as usize + self.unknown_actions.len() + new_actions > u8::MAX as usize + 1
+        {
+            return None;
+        }
+        let string = |s: u32| ids.string(s);
+        let mut frames = Vec::new();
+        for id in base.frames..later.stacks.frame_count() {
+            let f = *later.stacks.frame(id as u32);
+            frames.push(self.stacks.frame_id(Frame { filename: string(f.filename), name: string(f.name), ..f }));
+        }
+        let frame = |id: u32| if (id as usize) < base.frames { id } else { frames[id as usize - base.frames] };
+        let mut stacks: Vec<StackId> = Vec::new();
+        for id in base.stacks..later.stacks.stack_count() {
+            let ids: Vec<u32> = later.stacks.frame_ids(id as StackId).iter().map(|&f| frame(f)).collect();
+            stacks.push(self.stacks.stack_id(&ids));
+        }
+        let streams: Vec<u16> =
+            later.streams[base.streams..].iter().map(|&raw| self.stream(raw, String::new).unwrap_or(0)).collect();
+        let mut actions = Vec::new();
+        for name in &later.unknown_actions[base.unknown..] {
+            let i = match self.unknown_actions.iter().position(|a| a == name) {
+                Some(i) => i,
+                None => {
+                    self.unknown_actions.push(name.clone());
+                    self.unknown_actions.len() - 1
+                }
+            };
+            actions.push(Action((Action::FIRST_UNKNOWN as usize + i) as u8));
+        }
+        let unknown_from = Action::FIRST_UNKNOWN as usize + base.unknown;
+        let action = |a: Action| if (a.0 as usize) < unknown_from { a } else { actions[a.0 as usize - unknown_from] };
+        for (&s, &a) in &later.action_by_str {
+            self.action_by_str.entry(string(s)).or_insert(action(a));
+        }
+        for (&node, &f) in &later.frame_by_node {
+            self.frame_by_node.entry(ids.node(node)).or_insert(frame(f));
+        }
+        let stack = |s: StackId| if (s as usize) < base.stacks { s } else { stacks[s as usize - base.stacks] };
+        let stream = |s: u16| if (s as usize) < base.streams { s } else { streams[s as usize - base.streams] };
+        let same = stacks.is_empty() && streams.is_empty() && actions.is_empty();
+        self.events.reserve(n_later);
+        let last = (std::mem::take(&mut later.events), std::mem::take(&mut later.times));
+        // Chunk by chunk, each freed once copied: never two copies of the later part's events.
+        for (events, times) in base.chunks.into_iter().chain(std::iter::once(last)) {
+            if same {
+                self.events.extend_from_slice(&events);
+            } else {
+                let map = |e: &Event| Event {
+                    stack: stack(e.stack),
+                    stream: stream(e.stream),
+                    action: action(e.action),
+                    ..*e
+                };
+                self.events.extend(events.iter().map(map));
+            }
+            self.times.extend_from(&times);
+        }
+        for x in &later.extras {
+            self.extras.push(Extra {
+                event: x.event + n_here as u32,
+                compile_context: x.compile_context.map(string),
+                user_metadata: x.user_metadata.map(string),
+            });
+        }
+        Some(Box::new(Later { events: n_here as u32, first_stack: base.stacks, stacks }))
+    }
+}
+
+/// The ids the later part folded, as the whole read has them: its events come after this
+/// part's, its stacks as interned here.
+struct Later {
+    events: u32,
+    first_stack: usize,
+    stacks: Vec<StackId>,
+}
+
+impl FoldedIds for Later {
+    fn map(&self, f: u32) -> u32 {
+        if f & STACK_TAG == 0 {
+            return f + self.events;
+        }
+        let s = f & !STACK_TAG;
+        (if (s as usize) < self.first_stack { s } else { self.stacks[s as usize - self.first_stack] }) | STACK_TAG
+    }
+
+    fn run(&self, start: u32, len: u32) -> Option<u32> {
+        // Event ids shift as one; stack ids do not.
+        let last = start.checked_add(len - 1)?;
+        (last & STACK_TAG == 0).then_some(start + self.events)
+    }
+}

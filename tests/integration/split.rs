@@ -1,0 +1,181 @@
+//! A pickle file read in two parts at once (`src/reader/pickle/split.rs`) against the same
+//! file read in one: on every fixture, split at several places, on hostile, external and
+//! mutated files and under tight limits, both end with the same model or the same error. And
+//! the split really happens: on every fixture whose trace has a few batches.
+
+use std::io::Read;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use proptest::prelude::*;
+
+use fragscope::ingest::{Options, TwoParts, ingest_path};
+
+use crate::reader_props::tight_limits;
+
+/// A split wherever one is possible: the first list of two batches or more, from its start.
+fn forced(later_share: u64) -> TwoParts {
+    TwoParts { min_bytes: 0, min_items: 2, fork_share: 0, quiet: 0, later_share }
+}
+
+/// The model (or the error) a read of `path` ends with, as text, and what a second part read.
+fn read(path: &Path, parts: Option<TwoParts>, tighten: &dyn Fn(&mut Options)) -> (String, Option<Range<u64>>) {
+    let mut options = Options::default();
+    tighten(&mut options);
+    options.two_parts = parts;
+    match ingest_path(path, &options) {
+        Ok(i) => (format!("{}\n{:?}", i.snapshot.canonical_text(), i.source), i.later_part),
+        Err(e) => (format!("error: {e}"), None),
+    }
+}
+
+/// Reads `bytes` (a plain pickle) in one part and in two, split at `share` thousandths of
+/// what is left, and fails, naming the first line that differs, unless they agree. Returns
+/// what the second part read, if the read split.
+fn same(what: &str, bytes: &[u8], share: u64, tighten: &dyn Fn(&mut Options)) -> Option<Range<u64>> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("snapshot.pickle");
+    std::fs::write(&path, bytes).unwrap();
+    let (one, none) = read(&path, None, tighten);
+    assert_eq!(none, None, "{what}: read in two parts with the split off");
+    let (two, later) = read(&path, Some(forced(share)), tighten);
+    if one != two {
+        let line = one.lines().zip(two.lines()).position(|(a, b)| a != b).unwrap_or(0);
+        let at = |s: &str| s.lines().skip(line.saturating_sub(2)).take(5).collect::<Vec<_>>().join("\n");
+        panic!(
+            "{what}: one part and two differ at line {line} (later part {later:?})\none:\n{}\ntwo:\n{}",
+            at(&one),
+            at(&two)
+        );
+    }
+    later
+}
+
+/// A fixture's bytes as a plain pickle (the big ones are stored compressed).
+fn plain(path: &Path) -> Vec<u8> {
+    let raw = std::fs::read(path).unwrap();
+    if raw.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        let mut out = Vec::new();
+        zstd::stream::read::Decoder::new(&raw[..]).unwrap().read_to_end(&mut out).unwrap();
+        return out;
+    }
+    raw
+}
+
+fn pickles(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| p.to_string_lossy().contains(".pickle"))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Snapshots whose trace fills a few batches of 1000: each of these must really split.
+fn must_split(path: &Path, bytes: &[u8]) -> bool {
+    let events = read(path, None, &|_| {}).0.matches("Event {").count();
+    bytes.len() > 100_000 && events > 4000
+}
+
+#[test]
+fn every_fixture_reads_the_same_in_two_parts_and_the_big_ones_split() {
+    let root = crate::util::fixtures();
+    let (mut checked, mut split) = (0, 0);
+    for path in pickles(&root).into_iter().chain(pickles(&root.join("categories"))) {
+        let bytes = plain(&path);
+        let name = path.display().to_string();
+        let dir = tempfile::tempdir().unwrap();
+        let copy = dir.path().join("s.pickle");
+        std::fs::write(&copy, &bytes).unwrap();
+        let big = must_split(&copy, &bytes);
+        for share in [100, 500, 700] {
+            let later = same(&format!("{name}, split at {share}"), &bytes, share, &|_| {});
+            // Further on, the start may fall in the last batch, or only before batches that
+            // refer back past the copy: no split there.
+            if big && share == 100 {
+                let later = later.unwrap_or_else(|| panic!("{name} did not split at {share}"));
+                assert!(later.start < later.end && later.end <= bytes.len() as u64, "{name}: {later:?}");
+                split += 1;
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked >= 25, "{checked} fixtures");
+    assert!(split >= 5, "{split} splits");
+}
+
+#[test]
+fn hostile_files_fail_the_same_in_two_parts() {
+    for path in pickles(&crate::util::hostile()) {
+        same(&path.display().to_string(), &std::fs::read(&path).unwrap(), 500, &|_| {});
+    }
+}
+
+#[test]
+fn external_snapshots_read_the_same_in_two_parts() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/external");
+    if !dir.is_dir() {
+        crate::util::skipped("../shared/fixtures/external is not beside this checkout");
+        return;
+    }
+    for path in pickles(&dir) {
+        same(&path.display().to_string(), &plain(&path), 500, &|_| {});
+    }
+}
+
+/// Protocols 2 and 3 memoize with BINPUT and LONG_BINPUT and write no frames: the walk to the
+/// split counts those puts as the machine does.
+#[test]
+fn every_pickle_protocol_reads_the_same_in_two_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = crate::util::plain_pickle("ddp_rank0", dir.path());
+    let script = "import pickle,sys\nd=pickle.load(open(sys.argv[1],'rb'))\nfor p in (2,3,4,5):\n    pickle.dump(d, open(f'{sys.argv[2]}/p{p}.pickle','wb'), protocol=p)\n";
+    let ok = std::process::Command::new("python3").args(["-c", script]).arg(&source).arg(dir.path()).status();
+    assert!(ok.expect("python3 runs").success());
+    for p in 2..=5 {
+        let bytes = std::fs::read(dir.path().join(format!("p{p}.pickle"))).unwrap();
+        let later = same(&format!("protocol {p}"), &bytes, 500, &|_| {});
+        assert!(later.is_some(), "protocol {p} did not split");
+    }
+}
+
+/// The real snapshot the properties below change: a data-parallel rank, a few batches long.
+fn base() -> Vec<u8> {
+    plain(&crate::util::snapshot_path("ddp_rank0"))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(120))]
+
+    /// A few bytes changed anywhere: either way may refuse the file, but both say the same.
+    #[test]
+    fn mutated_snapshots_read_the_same_in_two_parts(
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
+        share in 100u64..900,
+    ) {
+        let mut bytes = base();
+        for (at, b) in edits {
+            let i = at.index(bytes.len());
+            bytes[i] = b;
+        }
+        same("mutated", &bytes, share, &|_| {});
+    }
+
+    /// Limits a part alone would not reach but the whole read does: the split read meets
+    /// each where the single read does, with the same message.
+    #[test]
+    fn tight_limits_are_met_the_same_in_two_parts(
+        memo in 2000u64..40_000,
+        values in 2000u64..60_000,
+        containers in 2000u64..30_000,
+        depth in 2u32..8,
+        strings in 200u64..20_000,
+        share in 100u64..900,
+    ) {
+        let bytes = base();
+        for (what, tighten) in tight_limits(memo, values, containers, depth, strings) {
+            same(what, &bytes, share, &*tighten);
+        }
+    }
+}
