@@ -37,6 +37,8 @@ pub(super) struct Memo {
     /// The lowest index a put overwrote (rather than appended), or `usize::MAX`: a later
     /// part's copy of the first slots is only good if none of them changed meanwhile.
     lowest_overwrite: usize,
+    /// Puts that overwrote: what the fast path learnt of the memo holds while it stays.
+    overwrites: u64,
 }
 
 impl Memo {
@@ -68,7 +70,7 @@ impl Memo {
 
     /// Stores `v` at `index` (at most one past the end); false if the payload space is full,
     /// or if `index` lies below a later part's own slots.
-    #[inline]
+    #[inline(always)]
     pub(super) fn put(&mut self, index: usize, v: Value) -> bool {
         let slot = match encode(v) {
             Some(slot) => slot,
@@ -85,6 +87,7 @@ impl Memo {
             self.tail.push(slot);
         } else {
             self.lowest_overwrite = self.lowest_overwrite.min(index);
+            self.overwrites += 1;
             self.tail[i] = slot;
         }
         true
@@ -94,10 +97,16 @@ impl Memo {
     /// items are read) its value: not an overwrite of what the pickle memoized.
     #[inline(always)]
     pub(super) fn fill(&mut self, index: usize, v: Value) -> bool {
-        let lowest = self.lowest_overwrite;
+        let (lowest, overwrites) = (self.lowest_overwrite, self.overwrites);
         let done = self.put(index, v);
-        self.lowest_overwrite = lowest;
+        (self.lowest_overwrite, self.overwrites) = (lowest, overwrites);
         done
+    }
+
+    /// Puts so far that overwrote an entry (rather than appended one).
+    #[inline(always)]
+    pub(super) fn overwrites(&self) -> u64 {
+        self.overwrites
     }
 
     /// Plain branches rather than a `match`: the jump table it compiles to mispredicts as
@@ -140,6 +149,7 @@ impl Memo {
             others: self.others.clone(),
             sparse: HashMap::new(),
             lowest_overwrite: usize::MAX,
+            overwrites: 0,
         })
     }
 

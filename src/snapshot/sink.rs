@@ -10,23 +10,36 @@ use super::{Action, EMPTY_STACK, Event, Extra, Frame, ModelError, NO_TIME, Stack
 
 /// Ids of the keys the sink looks for, interned before reading (so they are 0..KEY_COUNT).
 const KEY_COUNT: usize = 13;
+/// The first of them, up to `device_free`, are a trace entry's.
+const ENTRY_KEYS: usize = 9;
+/// Action strings with ids below this are looked up in a table.
+const ACTION_TABLE: usize = 1 << 16;
 
 #[derive(Default, Clone, Copy)]
 struct Keys {
-    action: StrId,
-    addr: StrId,
-    size: StrId,
-    stream: StrId,
-    time_us: StrId,
-    frames: StrId,
-    compile_context: StrId,
-    user_metadata: StrId,
-    device_free: StrId,
     filename: StrId,
     line: StrId,
     name: StrId,
     not_available: StrId,
 }
+
+/// The keys, interned in this order before anything else: a trace entry's are the first
+/// `ENTRY_KEYS`, so that `fold_dict` finds each by its id.
+const KEY_NAMES: [&str; KEY_COUNT] = [
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "time_us",
+    "frames",
+    "compile_context",
+    "user_metadata",
+    "device_free",
+    "filename",
+    "line",
+    "name",
+    "N/A",
+];
 
 /// Folded ids with this bit set are stacks; without it, events.
 pub(super) const STACK_TAG: u32 = 1 << 31;
@@ -42,16 +55,20 @@ pub struct SnapshotSink {
     pub(super) streams: Vec<i64>,
     stream_index: foldhash::HashMap<i64, u16>,
     last_stream: Option<(i64, u16)>,
-    /// Looked up once per event (the one-entry cache misses as actions alternate), so with
-    /// foldhash rather than std's SipHash.
-    action_by_str: foldhash::HashMap<StrId, Action>,
-    last_action: Option<(StrId, Action)>,
+    /// The action of each action string, looked up once per event: by id in a table (code
+    /// plus one; 0 for a string not seen as an action) for the first ids, where torch's few
+    /// action names are; in a map beyond.
+    actions: Vec<u8>,
+    far_actions: foldhash::HashMap<StrId, Action>,
     /// Frame of each frame dict already seen, by heap handle: torch shares frame dicts.
     frame_by_node: foldhash::HashMap<u32, crate::snapshot::FrameId>,
     scratch: Vec<crate::snapshot::FrameId>,
     /// Stack of each sequence of frame-dict handles already seen.
     stack_by_nodes: foldhash::HashMap<Box<[u32]>, StackId>,
     node_scratch: Vec<u32>,
+    /// Frames lists folded lately (their frame-dict handles) and their stacks, by
+    /// `recent_slot`: a list of the same frames is folded again with no hashing.
+    recent_frames: [(Vec<u32>, StackId); RECENT],
     pub(super) unknown_actions: Vec<String>,
     /// A sink forked for the later part of a split read (`join.rs`): what it started from.
     /// Its events go in chunks, so that taking them in never holds two copies.
@@ -73,12 +90,13 @@ impl SnapshotSink {
             streams: Vec::new(),
             stream_index: foldhash::HashMap::new(),
             last_stream: None,
-            action_by_str: foldhash::HashMap::new(),
-            last_action: None,
+            actions: Vec::new(),
+            far_actions: foldhash::HashMap::new(),
             frame_by_node: foldhash::HashMap::new(),
             scratch: Vec::new(),
             stack_by_nodes: foldhash::HashMap::new(),
             node_scratch: Vec::new(),
+            recent_frames: Default::default(),
             unknown_actions: Vec::new(),
             forked: None,
         }
@@ -108,13 +126,17 @@ impl SnapshotSink {
         Ok(i)
     }
 
+    #[inline(always)]
     fn action(&mut self, s: StrId, strings: &Strings, path: impl Fn() -> String) -> Result<Action, ModelError> {
-        match self.last_action {
-            Some((last, a)) if last == s => return Ok(a),
-            _ => {}
+        match self.actions.get(s as usize) {
+            Some(&code) if code != 0 => Ok(Action(code - 1)),
+            _ => self.new_action(s, strings, path),
         }
-        if let Some(&a) = self.action_by_str.get(&s) {
-            self.last_action = Some((s, a));
+    }
+
+    /// The action an action string names, looked up once per string.
+    fn new_action(&mut self, s: StrId, strings: &Strings, path: impl Fn() -> String) -> Result<Action, ModelError> {
+        if let Some(&a) = self.far_actions.get(&s) {
             return Ok(a);
         }
         let name = strings.get(s);
@@ -129,8 +151,26 @@ impl SnapshotSink {
                 Action(code as u8)
             }
         };
-        self.action_by_str.insert(s, action);
+        self.remember_action(s, action);
         Ok(action)
+    }
+
+    fn remember_action(&mut self, s: StrId, action: Action) {
+        if (s as usize) < ACTION_TABLE {
+            if self.actions.len() <= s as usize {
+                self.actions.resize(s as usize + 1, 0);
+            }
+            self.actions[s as usize] = action.0 + 1;
+        } else {
+            self.far_actions.insert(s, action);
+        }
+    }
+
+    /// Every action string seen, with its action.
+    fn actions_seen(&self) -> impl Iterator<Item = (StrId, Action)> + '_ {
+        let table =
+            self.actions.iter().enumerate().filter(|(_, c)| **c != 0).map(|(s, &c)| (s as StrId, Action(c - 1)));
+        table.chain(self.far_actions.iter().map(|(&s, &a)| (s, a)))
     }
 
     /// The stack a `frames` value stands for. Non-empty frames lists were folded into stack
@@ -204,6 +244,19 @@ impl SnapshotSink {
     }
 }
 
+/// Frames lists remembered by `fold_list`.
+const RECENT: usize = 16;
+
+/// Where `fold_list` remembers a frames list: by its first two frames.
+#[inline(always)]
+fn recent_slot(items: &[Value]) -> usize {
+    let handle = |i: usize| match items.get(i) {
+        Some(Value::Node(n)) => *n as usize,
+        _ => 0,
+    };
+    (handle(0) ^ handle(1).rotate_left(3)) % RECENT
+}
+
 pub(super) fn found(heap: &Heap, v: Value) -> String {
     match v {
         Value::Node(id) => heap.kind(id).name().to_string(),
@@ -229,47 +282,27 @@ impl Sink for SnapshotSink {
     type Error = ModelError;
 
     fn prepare(&mut self, strings: &mut Strings) {
-        let mut k = |s: &str| strings.intern(s, u64::MAX).unwrap_or(0);
-        self.keys = Keys {
-            action: k("action"),
-            addr: k("addr"),
-            size: k("size"),
-            stream: k("stream"),
-            time_us: k("time_us"),
-            frames: k("frames"),
-            compile_context: k("compile_context"),
-            user_metadata: k("user_metadata"),
-            device_free: k("device_free"),
-            filename: k("filename"),
-            line: k("line"),
-            name: k("name"),
-            not_available: k("N/A"),
-        };
-        debug_assert_eq!(strings.len(), KEY_COUNT, "keys must be interned first, as 0..KEY_COUNT");
+        let ids: Vec<StrId> = KEY_NAMES.iter().map(|k| strings.intern(k, u64::MAX).unwrap_or(0)).collect();
+        debug_assert!(ids.iter().enumerate().all(|(i, &id)| id == i as StrId), "keys must be interned first");
+        self.keys = Keys { filename: ids[9], line: ids[10], name: ids[11], not_available: ids[12] };
     }
 
     /// Folds a dict that has an `action` key into an [`Event`]; leaves every other dict alone.
     fn fold_dict(&mut self, heap: &Heap, items: &[Value]) -> Result<Option<u32>, ModelError> {
-        // `prepare` interned the keys first, so their ids are small and index `fields` directly.
-        // Each field as the index of its pair (the last pair wins, as in a dict): 4 bytes a
-        // key to clear per entry rather than a whole value.
-        let k = &self.keys;
-        let mut fields = [u32::MAX; KEY_COUNT];
-        for (i, kv) in items.chunks_exact(2).enumerate() {
+        // `prepare` interned the keys first, in `Keys` order: an entry's keys are the ids below
+        // ENTRY_KEYS, and index `fields` directly (the last pair wins, as in a dict).
+        let mut fields: [Option<Value>; ENTRY_KEYS] = [None; ENTRY_KEYS];
+        for kv in items.chunks_exact(2) {
             if let Value::Str(key) = kv[0]
-                && let Some(slot) = fields.get_mut(key as usize)
+                && let Some(field) = fields.get_mut(key as usize)
             {
-                *slot = i as u32;
+                *field = Some(kv[1]);
             }
         }
-        let field = |id: StrId| fields.get(id as usize).and_then(|&i| items.get(2 * i as usize + 1)).copied();
-        let action = field(k.action);
-        let addr = field(k.addr).or(field(k.device_free)).unwrap_or(Value::None);
-        let size = field(k.size).unwrap_or(Value::None);
-        let stream = field(k.stream).unwrap_or(Value::None);
-        let time = field(k.time_us).unwrap_or(Value::None);
-        let frames = field(k.frames).unwrap_or(Value::None);
-        let (cc, um) = (field(k.compile_context), field(k.user_metadata));
+        let [action, addr, size, stream, time, frames, cc, um, device_free] = fields;
+        let addr = addr.or(device_free).unwrap_or(Value::None);
+        let (size, stream) = (size.unwrap_or(Value::None), stream.unwrap_or(Value::None));
+        let (time, frames) = (time.unwrap_or(Value::None), frames.unwrap_or(Value::None));
         let Some(action) = action else { return Ok(None) };
         let n = self.event_count();
         if n as u64 >= self.max_events {
@@ -326,6 +359,12 @@ impl Sink for SnapshotSink {
     /// Folds a list of frame dicts into a stack id, so the millions of per-event frames lists
     /// torch writes are not kept; a list of anything else is left alone.
     fn fold_list(&mut self, heap: &Heap, items: &[Value]) -> Result<Option<u32>, ModelError> {
+        // torch writes a fresh list for most events, of the frames of a few recent ones.
+        let slot = recent_slot(items);
+        let (last, stack) = &self.recent_frames[slot];
+        if last.len() == items.len() && items.iter().zip(last).all(|(v, &n)| *v == Value::Node(n)) {
+            return Ok(Some(stack | STACK_TAG));
+        }
         let is_frames = match items.first() {
             // The heap check first: a scan of a few pairs, cheaper than the hash lookup that
             // catches a frame dict without a filename already seen in another stack.
@@ -340,6 +379,13 @@ impl Sink for SnapshotSink {
         }
         let n = self.event_count();
         let stack = self.intern_stack(heap, items, &|| format!("frames list read after trace entry {n}"))?;
+        if items.iter().all(|v| matches!(v, Value::Node(_))) {
+            let nodes = items.iter().map(|v| if let Value::Node(n) = v { *n } else { 0 });
+            let recent = &mut self.recent_frames[slot];
+            recent.0.clear();
+            recent.0.extend(nodes);
+            recent.1 = stack;
+        }
         Ok(Some(stack | STACK_TAG))
     }
 }

@@ -29,8 +29,22 @@ pub struct Times {
 
 impl Times {
     /// Appends the next event's time.
+    #[inline]
     pub fn push(&mut self, time: Option<i64>) {
         let i = self.offsets.len();
+        // The common case first: a time near the base of a block already started.
+        if let (Some(t), Some(Some(base))) = (time, self.bases.last())
+            && i >> BLOCK_BITS == self.bases.len() - 1
+            && let Some(d) = t.checked_sub(*base)
+            && (0..FAR as i64).contains(&d)
+        {
+            self.offsets.push(d as u32);
+            return;
+        }
+        self.push_slow(i, time);
+    }
+
+    fn push_slow(&mut self, i: usize, time: Option<i64>) {
         let block = i >> BLOCK_BITS;
         if block == self.bases.len() {
             self.bases.push(None);

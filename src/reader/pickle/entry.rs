@@ -20,7 +20,7 @@
 use std::io::Read;
 
 use super::super::memo::Memo;
-use super::super::value::{Heap, Kind, Value};
+use super::super::value::{Heap, Kind, StrId, Value};
 use super::super::{Limits, Sink};
 use super::opcodes as op;
 use super::{Failure, Res, Vm};
@@ -55,10 +55,44 @@ pub(super) enum Entry {
     Unseen,
 }
 
-/// The frames buffer kept across entries (filling a fresh one would cost more than the parse).
-#[derive(Default)]
+/// What the fast path keeps across entries: the frames buffer (filling a fresh one would cost
+/// more than the parse), and the keys of the last dict it read.
 pub(super) struct Scratch {
     frames: Vec<Value>,
+    /// The last dict's keys that were memo gets of strings, as their bytes, in order: an entry
+    /// whose keys are the same bytes has the same keys, while no memo entry was overwritten
+    /// (`epoch`). torch's entries all have the same keys, so most keys are matched by one
+    /// compare, with no memo read.
+    keys: [Key; MAX_PAIRS],
+    key_count: usize,
+    epoch: u64,
+    /// The keys being learnt from a dict that did not match.
+    learning: [Key; MAX_PAIRS],
+    /// The last short string read (its bytes in a word, and how many) and its id.
+    last_string: ((u64, usize), StrId),
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        let key = Key { word: 0, mask: 0, len: 0, value: Value::None };
+        Scratch {
+            frames: Vec::new(),
+            keys: [key; MAX_PAIRS],
+            key_count: 0,
+            epoch: u64::MAX,
+            learning: [key; MAX_PAIRS],
+            last_string: ((0, usize::MAX), 0),
+        }
+    }
+}
+
+/// A key as its opcode's bytes: BINGET or LONG_BINGET and the memo index, and the string.
+#[derive(Clone, Copy)]
+struct Key {
+    word: u64,
+    mask: u64,
+    len: usize,
+    value: Value,
 }
 
 /// The machine's parts the fast path works on, borrowed apart from the input it reads.
@@ -135,18 +169,30 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
     }
 }
 
+/// The `STEP` bytes at `p`, if the buffer holds them.
+#[inline(always)]
+fn step(buf: &[u8], p: usize) -> Option<&[u8; STEP]> {
+    buf.get(p..p.checked_add(STEP)?)?.try_into().ok()
+}
+
+/// An opcode's first eight bytes as a word, for comparing keys.
+#[inline(always)]
+fn word(w: &[u8; STEP]) -> u64 {
+    let (first, _) = w.split_first_chunk::<8>().unwrap_or((&[0; 8], &[]));
+    u64::from_le_bytes(*first)
+}
+
 #[inline(always)]
 fn u32_at(w: &[u8; STEP], i: usize) -> u32 {
     u32::from_le_bytes([w[i], w[i + 1], w[i + 2], w[i + 3]])
 }
 
 impl<S: Sink> Parts<'_, S> {
-    /// The `STEP` bytes at `p`, if the buffer holds them (noting when it does not).
-    #[inline(always)]
-    fn step<'b>(&mut self, buf: &'b [u8], p: usize) -> Option<&'b [u8; STEP]> {
-        let view = buf.get(p..p.checked_add(STEP)?).and_then(|b| b.try_into().ok());
-        self.short |= view.is_none();
-        view
+    /// Notes that the buffer ended before the dict did: the general machine refills.
+    #[cold]
+    fn ran_short<T>(&mut self) -> Option<T> {
+        self.short = true;
+        None
     }
 
     /// The dict after its EMPTY_DICT, up to and including its SETITEMS.
@@ -154,32 +200,99 @@ impl<S: Sink> Parts<'_, S> {
     fn dict(&mut self, buf: &[u8], at: &mut u64) -> Res<Fast, S::Error> {
         let Some(mut p) = self.open(buf, 0, 0) else { return Ok(Fast::Fallback) };
         let mut items = [Value::None; 2 * MAX_PAIRS];
-        let (mut n, mut depth) = (0, 0);
+        let mut depth = 0;
+        // Keys are matched against the last dict's while they match, and learnt anew after.
+        let known = if self.scratch.epoch == self.memo.overwrites() { self.scratch.key_count } else { 0 };
+        let mut learnt = None;
+        let mut pair = 0;
         loop {
-            let Some(w) = self.step(buf, p) else { return Ok(Fast::Fallback) };
+            let Some((w, at_key)) = self.view(buf, p) else { return Ok(Fast::Fallback) };
+            p = at_key;
             if w[0] == op::SETITEMS {
                 break;
             }
-            // Protocol 4 frames the pickle every 64 KiB, between any two opcodes.
-            if w[0] == op::FRAME {
-                p += 9;
-                continue;
-            }
-            if n == items.len() {
+            if pair == MAX_PAIRS {
                 return Ok(Fast::Fallback);
             }
-            let found = if w[0] == op::EMPTY_LIST { self.frames(buf, p + 1, at)? } else { self.scalar(buf, p, w) };
-            let Some((value, d, next)) = found else { return Ok(Fast::Fallback) };
-            items[n] = value;
-            n += 1;
-            depth = depth.max(d);
+            let key = self.scratch.keys[pair.min(MAX_PAIRS - 1)];
+            if learnt.is_none() && pair < known && word(w) & key.mask == key.word {
+                items[2 * pair] = key.value;
+                p += key.len;
+            } else {
+                let n = *learnt.get_or_insert_with(|| {
+                    let n = pair.min(known);
+                    self.scratch.learning[..n].copy_from_slice(&self.scratch.keys[..n]);
+                    n
+                });
+                let Some(next) = self.item(buf, p, w, at, &mut items[2 * pair], &mut depth)? else {
+                    return Ok(Fast::Fallback);
+                };
+                if n == pair {
+                    self.learn(pair, w, next - p, items[2 * pair], &mut learnt);
+                }
+                p = next;
+            }
+            let Some((w, at_value)) = self.view(buf, p) else { return Ok(Fast::Fallback) };
+            let Some(next) = self.item(buf, at_value, w, at, &mut items[2 * pair + 1], &mut depth)? else {
+                return Ok(Fast::Fallback);
+            };
             p = next;
+            pair += 1;
         }
-        if n == 0 || !n.is_multiple_of(2) {
+        if pair == 0 {
             return Ok(Fast::Fallback);
         }
-        let Some(value) = self.fold(&items[..n], depth, p, at, Kind::Dict)? else { return Ok(Fast::Fallback) };
+        let Some(value) = self.fold(&items[..2 * pair], depth, p, at, Kind::Dict)? else { return Ok(Fast::Fallback) };
+        if let Some(n) = learnt {
+            let s = &mut *self.scratch;
+            (s.keys, s.key_count, s.epoch) = (s.learning, n, self.memo.overwrites());
+        }
         Ok(Fast::Folded { used: p + 1, value })
+    }
+
+    /// The `STEP` bytes of the next opcode at or after `p` that is not FRAME (protocol 4
+    /// frames the pickle every 64 KiB, between any two opcodes), and where it is.
+    #[inline(always)]
+    fn view<'b>(&mut self, buf: &'b [u8], mut p: usize) -> Option<(&'b [u8; STEP], usize)> {
+        loop {
+            let Some(w) = step(buf, p) else { return self.ran_short() };
+            if w[0] != op::FRAME {
+                return Some((w, p));
+            }
+            p += 9;
+        }
+    }
+
+    /// Reads the key or value at `p` (its bytes in `w`) into `out`, raising `depth` to its
+    /// depth; the position after it, or None to fall back.
+    #[inline(always)]
+    fn item(
+        &mut self,
+        buf: &[u8],
+        p: usize,
+        w: &[u8; STEP],
+        at: &mut u64,
+        out: &mut Value,
+        depth: &mut u32,
+    ) -> Res<Option<usize>, S::Error> {
+        let found = if w[0] == op::EMPTY_LIST { self.frames(buf, p + 1, at)? } else { self.scalar(buf, p, w) };
+        Ok(found.map(|(v, d, next)| {
+            *out = v;
+            *depth = (*depth).max(d);
+            next
+        }))
+    }
+
+    /// Keeps the key just read (`len` bytes) for the next dicts if it is a memo get of a string.
+    #[inline(always)]
+    fn learn(&mut self, pair: usize, w: &[u8; STEP], len: usize, value: Value, learnt: &mut Option<usize>) {
+        if let (op::BINGET, 2) | (op::LONG_BINGET, 5) = (w[0], len)
+            && let Value::Str(_) = value
+        {
+            let mask = u64::MAX >> (64 - 8 * len);
+            self.scratch.learning[pair] = Key { word: word(w) & mask, mask, len, value };
+            *learnt = Some(pair + 1);
+        }
     }
 
     /// Hands a finished container's `items` (whose greatest depth is `depth`) to the sink, as
@@ -223,7 +336,7 @@ impl<S: Sink> Parts<'_, S> {
         items.clear();
         let mut depth = 0;
         let complete = loop {
-            let Some(w) = self.step(buf, p) else { break false };
+            let Some(w) = step(buf, p).or_else(|| self.ran_short()) else { break false };
             if w[0] == op::APPENDS {
                 break !items.is_empty();
             }
@@ -381,7 +494,23 @@ impl<S: Sink> Parts<'_, S> {
             return None;
         }
         let raw = buf.get(p..p.checked_add(n)?)?;
-        let id = self.heap.strings.intern_bytes(raw, self.limits.max_total_string_bytes)?;
+        // torch writes a fresh 'N/A' in every entry: the same bytes as the last short string
+        // read here are the same string.
+        let short = (n <= 8).then(|| {
+            let mut word = [0u8; 8];
+            word[..n].copy_from_slice(raw);
+            (u64::from_le_bytes(word), n)
+        });
+        let id = match (short, self.scratch.last_string) {
+            (Some(key), (last, id)) if key == last => id,
+            _ => {
+                let id = self.heap.strings.intern_bytes(raw, self.limits.max_total_string_bytes)?;
+                if let Some(key) = short {
+                    self.scratch.last_string = (key, id);
+                }
+                id
+            }
+        };
         let v = Value::Str(id);
         let (put, next) = self.memo_op(buf, p + n)?;
         if put {

@@ -35,12 +35,13 @@ impl SnapshotSink {
             streams: self.streams.clone(),
             stream_index: self.stream_index.clone(),
             last_stream: self.last_stream,
-            action_by_str: self.action_by_str.clone(),
-            last_action: self.last_action,
+            actions: self.actions.clone(),
+            far_actions: self.far_actions.clone(),
             frame_by_node: self.frame_by_node.clone(),
             scratch: Vec::new(),
             stack_by_nodes: self.stack_by_nodes.clone(),
             node_scratch: Vec::new(),
+            recent_frames: self.recent_frames.clone(),
             unknown_actions: self.unknown_actions.clone(),
             forked: Some(Forked {
                 frames: self.stacks.frame_count(),
@@ -107,8 +108,11 @@ impl SnapshotSink {
         }
         let unknown_from = Action::FIRST_UNKNOWN as usize + base.unknown;
         let action = |a: Action| if (a.0 as usize) < unknown_from { a } else { actions[a.0 as usize - unknown_from] };
-        for (&s, &a) in &later.action_by_str {
-            self.action_by_str.entry(string(s)).or_insert(action(a));
+        for (s, a) in later.actions_seen().collect::<Vec<_>>() {
+            let s = string(s);
+            if self.actions.get(s as usize).is_none_or(|&c| c == 0) && !self.far_actions.contains_key(&s) {
+                self.remember_action(s, action(a));
+            }
         }
         for (&node, &f) in &later.frame_by_node {
             self.frame_by_node.entry(ids.node(node)).or_insert(frame(f));
