@@ -177,32 +177,57 @@ impl Memo {
             && self.others.len() + later.others.len() + later.tail.len() < MEMO_PAYLOAD as usize
     }
 
-    /// Takes in a later part's own slots (see [`Memo::can_join`]), each value mapped by
-    /// `map` from the later part's ids to this read's. `others_copied` is how many side
-    /// values the later part's copy started with.
-    pub(super) fn join(&mut self, later: Memo, others_copied: usize, map: &dyn Fn(Value) -> Value) {
-        let Memo { tail: mut slots, tail_base, others, .. } = later;
-        // The later part's own side values go after this one's, and after them any value that
-        // no longer fits a slot once mapped (`can_join` counted the room).
-        let shift = self.others.len() - others_copied;
-        self.others.extend(others.into_iter().skip(others_copied).map(map));
+    /// A later part's own slots (see [`Memo::can_join`]) as the memo it joins has them:
+    /// each value mapped by `map` from the later part's ids to the whole read's. `others` is
+    /// how many side values that memo holds, `others_copied` how many the later part's copy
+    /// started with. Runs on its own, beside the rest of a join (`split.rs`).
+    pub(super) fn mapped(self, others: usize, others_copied: usize, map: &dyn Fn(Value) -> Value) -> Mapped {
+        let Memo { tail: mut slots, tail_base, others: theirs, .. } = self;
+        // The later part's own side values go after the earlier part's, and after them any
+        // value that no longer fits a slot once mapped (`can_join` counted the room).
+        let mut side: Vec<Value> = theirs.into_iter().skip(others_copied).map(map).collect();
+        let shift = others - others_copied;
         for slot in slots.iter_mut() {
             let payload = *slot & MEMO_PAYLOAD;
-            if *slot >> TAG_SHIFT == MEMO_OTHER {
+            let tag = *slot >> TAG_SHIFT;
+            if tag == MEMO_OTHER {
                 if payload as usize >= others_copied {
                     *slot = MEMO_OTHER << TAG_SHIFT | (payload as usize + shift) as u32;
                 }
                 continue;
             }
-            let value = map(self.decode(*slot));
+            let value = map(decode_slot(tag, payload));
             *slot = encode(value).unwrap_or_else(|| {
-                self.others.push(value);
-                MEMO_OTHER << TAG_SHIFT | (self.others.len() - 1) as u32
+                side.push(value);
+                MEMO_OTHER << TAG_SHIFT | (others + side.len() - 1) as u32
             });
         }
+        Mapped { slots, base: tail_base, side }
+    }
+
+    /// Takes in a later part's slots as [`Memo::mapped`] made them.
+    pub(super) fn join(&mut self, later: Mapped) {
+        self.others.extend(later.side);
         self.head = std::mem::take(&mut self.tail);
-        self.tail = slots;
-        self.tail_base = tail_base;
+        self.tail = later.slots;
+        self.tail_base = later.base;
+    }
+}
+
+/// A later part's slots mapped to the whole read's ids, and the side values that go with them.
+pub(super) struct Mapped {
+    slots: Vec<u32>,
+    base: usize,
+    side: Vec<Value>,
+}
+
+/// A slot's value, for the tags other than a side value's.
+fn decode_slot(tag: u32, payload: u32) -> Value {
+    match tag {
+        MEMO_STR => Value::Str(payload),
+        MEMO_NODE => Value::Node(payload),
+        MEMO_FOLDED => Value::Folded(((payload & (1 << 28)) << 3) | (payload & FOLDED_LOW)),
+        _ => Value::Bytes(payload),
     }
 }
 
@@ -273,7 +298,8 @@ mod tests {
             Value::Folded(f) => Value::Folded(f + 100),
             v => v,
         };
-        earlier.join(later, 1, &shift);
+        let others = earlier.others_len();
+        earlier.join(later.mapped(others, 1, &shift));
         let all: Vec<Value> = (0..6).map(|i| earlier.decode(earlier.slot(i).unwrap())).collect();
         let want = [Value::Str(1), Value::Int(-5), Value::Str(9), Value::Int(7), Value::Folded(100), Value::Float(2.5)];
         assert_eq!(all, want);

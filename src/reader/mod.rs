@@ -88,16 +88,24 @@ pub trait Sink {
         None
     }
 
-    /// Takes in what `later`, forked from this sink, folded from the part after the one this
-    /// sink has read by now; `ids` maps the later part's string and container ids to this
-    /// read's. Returns how its folded ids map to this read's, or None, changing nothing, if
-    /// the two cannot be joined (together they pass a limit): the read then goes on in one
-    /// part.
-    fn join(&mut self, _later: Self, _ids: &Ids) -> Option<Box<dyn FoldedIds>>
+    /// Takes in what `later`, forked from this sink, knows from the part after the one this
+    /// sink has read by now (the names its folded ids stand for); `ids` maps the later part's
+    /// string and container ids to this read's. Returns how its folded ids map to this
+    /// read's, or None, changing nothing, if the two cannot be joined (together they pass a
+    /// limit): the read then goes on in one part. [`Sink::append`] follows.
+    fn join(&mut self, _later: &mut Self, _ids: &Ids) -> Option<Box<dyn FoldedIds + Send + Sync>>
     where
         Self: Sized,
     {
         None
+    }
+
+    /// Appends what `later` folded (its records, many), once [`Sink::join`] has taken it in:
+    /// the reader maps the rest of the later part meanwhile, on another thread.
+    fn append(&mut self, _later: Self)
+    where
+        Self: Sized,
+    {
     }
 }
 

@@ -352,8 +352,12 @@ impl Sink for SnapshotSink {
         Some(self.forked_copy())
     }
 
-    fn join(&mut self, later: Self, ids: &Ids) -> Option<Box<dyn FoldedIds>> {
+    fn join(&mut self, later: &mut Self, ids: &Ids) -> Option<Box<dyn FoldedIds + Send + Sync>> {
         self.take_in(later, ids)
+    }
+
+    fn append(&mut self, later: Self) {
+        self.append_later(later);
     }
 
     /// Folds a list of frame dicts into a stack id, so the millions of per-event frames lists

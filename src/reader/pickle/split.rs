@@ -341,17 +341,32 @@ fn take_in<R: Read, S: Sink>(vm: &mut Vm<'_, R, S>, r: &Running<S>) -> Option<u6
         return None;
     }
     let ids = vm.heap.ids_for(&later.heap, r.mark, (l.max_containers, l.max_values, l.max_total_string_bytes))?;
-    let folded = vm.sink.join(later.sink, &ids)?;
-    vm.heap.join(later.heap, &ids, r.list, r.kept, &*folded);
-    vm.memo.join(later.memo, r.copied.1, &|v| ids.value(v, &*folded));
-    if later.batch {
+    let Later { end, heap, memo, mut sink, fast_dicts, batch, stack } = *later;
+    let folded = vm.sink.join(&mut sink, &ids)?;
+    // The later part's memo is mapped on another thread while its records are appended here;
+    // without that thread (none could start), nothing has changed yet and the read goes on
+    // in one part.
+    let (others, others_copied) = (vm.memo.others_len(), r.copied.1);
+    let map = |memo: Memo| memo.mapped(others, others_copied, &|v| ids.value(v, &*folded));
+    let mapped = std::thread::scope(|scope| {
+        let (tx, rx) = mpsc::channel::<Memo>();
+        let thread = std::thread::Builder::new().spawn_scoped(scope, move || rx.recv().ok().map(map)).ok()?;
+        tx.send(memo).ok()?;
+        vm.sink.append(sink);
+        vm.heap.join(heap, &ids, r.list, r.kept, &*folded);
+        let mapped = thread.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        // The thread received the memo, so it mapped it.
+        Some(mapped.expect("the later part's memo is mapped"))
+    })?;
+    vm.memo.join(mapped);
+    if batch {
         vm.marks.push(vm.stack.len());
     }
-    vm.stack.extend(later.stack.into_iter().map(|v| ids.value(v, &*folded)));
-    vm.fast_dicts += later.fast_dicts;
-    vm.later_part = Some(vm.input.offset()..later.end);
-    r.jump.store(later.end, Ordering::Relaxed);
-    Some(later.end)
+    vm.stack.extend(stack.into_iter().map(|v| ids.value(v, &*folded)));
+    vm.fast_dicts += fast_dicts;
+    vm.later_part = Some(vm.input.offset()..end);
+    r.jump.store(end, Ordering::Relaxed);
+    Some(end)
 }
 
 impl<R: Read, S: Sink> Vm<'_, R, S> {

@@ -24,6 +24,62 @@ pub(super) struct Start {
 /// An opcode and its fixed operands fit in this many bytes (FRAME and BINFLOAT take 9).
 const VIEW: usize = 16;
 
+/// What the walk's fast loop does with each opcode: step over so many bytes (1 to 9), over a
+/// string or number of one length byte (`SHORT`), count a memo entry, open or close a MARK
+/// (a close to the list's own level goes the slow way), or 0: the slow way (`Walk::step`).
+const SHORT: u8 = 100;
+const COUNT: u8 = 101;
+const OPEN: u8 = 102;
+const CLOSE: u8 = 103;
+static FAST: [u8; 256] = fast_table();
+
+const fn fast_table() -> [u8; 256] {
+    let mut t = [0u8; 256];
+    let ones = [
+        op::NONE,
+        op::NEWTRUE,
+        op::NEWFALSE,
+        op::EMPTY_DICT,
+        op::EMPTY_LIST,
+        op::EMPTY_TUPLE,
+        op::EMPTY_SET,
+        op::POP,
+        op::DUP,
+        op::APPEND,
+        op::SETITEM,
+        op::TUPLE1,
+        op::TUPLE1 + 1,
+        op::TUPLE3,
+    ];
+    let mut i = 0;
+    while i < ones.len() {
+        t[ones[i] as usize] = 1;
+        i += 1;
+    }
+    t[op::BINGET as usize] = 2;
+    t[op::BININT1 as usize] = 2;
+    t[op::BININT2 as usize] = 3;
+    t[op::BININT as usize] = 5;
+    t[op::LONG_BINGET as usize] = 5;
+    t[op::BINFLOAT as usize] = 9;
+    t[op::FRAME as usize] = 9;
+    t[op::SHORT_BINUNICODE as usize] = SHORT;
+    t[op::SHORT_BINSTRING as usize] = SHORT;
+    t[op::SHORT_BINBYTES as usize] = SHORT;
+    t[op::LONG1 as usize] = SHORT;
+    t[op::MEMOIZE as usize] = COUNT;
+    t[op::MARK as usize] = OPEN;
+    t[op::SETITEMS as usize] = CLOSE;
+    t[op::APPENDS as usize] = CLOSE;
+    t[op::ADDITEMS as usize] = CLOSE;
+    t[op::TUPLE as usize] = CLOSE;
+    t[op::LIST as usize] = CLOSE;
+    t[op::DICT as usize] = CLOSE;
+    t[op::FROZENSET as usize] = CLOSE;
+    t[op::POP_MARK as usize] = CLOSE;
+    t
+}
+
 struct Walk {
     memo: usize,
     /// MARKs open above the list.
@@ -68,8 +124,40 @@ pub(super) fn walk<R: Read>(
         }
         let buf = input.window();
         let mut p = 0;
-        let mut skip = 0;
+        let mut skip = 0u64;
         while p + VIEW <= buf.len() {
+            // Most opcodes only need stepping over: by a table, with the batch open and no
+            // start waiting for its check.
+            let code = buf[p];
+            if w.depth != 0 && w.candidate.is_none() {
+                match FAST[code as usize] {
+                    0 => {}
+                    SHORT => {
+                        p += 2 + buf[p + 1] as usize;
+                        continue;
+                    }
+                    COUNT => {
+                        w.memo += 1;
+                        p += 1;
+                        continue;
+                    }
+                    OPEN => {
+                        w.depth += 1;
+                        p += 1;
+                        continue;
+                    }
+                    CLOSE if w.depth > 1 => {
+                        w.depth -= 1;
+                        p += 1;
+                        continue;
+                    }
+                    CLOSE => {}
+                    n => {
+                        p += n as usize;
+                        continue;
+                    }
+                }
+            }
             let view: &[u8; VIEW] = buf[p..p + VIEW].try_into().ok()?;
             match w.step(view, input.offset() + p as u64) {
                 Step::Next(n) if n as usize <= buf.len() - p => p += n as usize,
@@ -82,7 +170,9 @@ pub(super) fn walk<R: Read>(
                 Step::Stop => return None,
             }
         }
-        input.advance(p);
+        // A short string may end past the buffer too.
+        skip += p.saturating_sub(buf.len()) as u64;
+        input.advance(p.min(buf.len()));
         input.skip_bytes(skip).ok()?;
     }
 }
@@ -259,3 +349,4 @@ mod tests {
         assert_eq!(walk_from(&bytes, ends[0], 5, 5, ends[2]), None);
     }
 }
+

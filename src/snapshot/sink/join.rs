@@ -18,8 +18,17 @@ pub(super) struct Forked {
     streams: usize,
     unknown: usize,
     chunks: Vec<(Vec<Event>, Times)>,
+    /// Set once taken in: how its ids map.
+    maps: Option<Maps>,
     /// Events in `chunks`.
     pub(super) chunked: usize,
+}
+
+impl Forked {
+    /// Where the fork started, and the events it holds in chunks.
+    fn start(&self) -> Forked {
+        Forked { chunks: Vec::new(), maps: None, ..*self }
+    }
 }
 
 impl SnapshotSink {
@@ -50,6 +59,7 @@ impl SnapshotSink {
                 unknown: self.unknown_actions.len(),
                 chunks: Vec::new(),
                 chunked: 0,
+                maps: None,
             }),
         }
     }
@@ -69,8 +79,8 @@ impl SnapshotSink {
 
     /// Takes in what `later` (forked from this sink) folded; None, changing nothing, if the
     /// event, stream or action limits would be passed.
-    pub(super) fn take_in(&mut self, mut later: SnapshotSink, ids: &Ids) -> Option<Box<dyn FoldedIds>> {
-        let base = later.forked.take()?;
+    pub(super) fn take_in(&mut self, later: &mut SnapshotSink, ids: &Ids) -> Option<Box<dyn FoldedIds + Send + Sync>> {
+        let base = later.forked.as_ref().map(Forked::start)?;
         let (n_here, n_later) = (self.event_count(), base.chunked + later.events.len());
         let new_streams = later.streams[base.streams..].iter().filter(|s| !self.stream_index.contains_key(s)).count();
         let new_actions =
@@ -117,26 +127,6 @@ impl SnapshotSink {
         for (&node, &f) in &later.frame_by_node {
             self.frame_by_node.entry(ids.node(node)).or_insert(frame(f));
         }
-        let stack = |s: StackId| if (s as usize) < base.stacks { s } else { stacks[s as usize - base.stacks] };
-        let stream = |s: u16| if (s as usize) < base.streams { s } else { streams[s as usize - base.streams] };
-        let same = stacks.is_empty() && streams.is_empty() && actions.is_empty();
-        self.events.reserve(n_later);
-        let last = (std::mem::take(&mut later.events), std::mem::take(&mut later.times));
-        // Chunk by chunk, each freed once copied: never two copies of the later part's events.
-        for (events, times) in base.chunks.into_iter().chain(std::iter::once(last)) {
-            if same {
-                self.events.extend_from_slice(&events);
-            } else {
-                let map = |e: &Event| Event {
-                    stack: stack(e.stack),
-                    stream: stream(e.stream),
-                    action: action(e.action),
-                    ..*e
-                };
-                self.events.extend(events.iter().map(map));
-            }
-            self.times.extend_from(&times);
-        }
         for x in &later.extras {
             self.extras.push(Extra {
                 event: x.event + n_here as u32,
@@ -144,8 +134,45 @@ impl SnapshotSink {
                 user_metadata: x.user_metadata.map(string),
             });
         }
+        let maps = Maps { stacks: stacks.clone(), streams, actions, unknown_from };
+        later.forked.as_mut()?.maps = Some(maps);
         Some(Box::new(Later { events: n_here as u32, first_stack: base.stacks, stacks }))
     }
+
+    /// Appends the later part's events and their times, chunk by chunk, each freed once copied
+    /// (never two copies of them), with the ids `take_in` mapped.
+    pub(super) fn append_later(&mut self, mut later: SnapshotSink) {
+        let Some(Forked { chunks, maps: Some(maps), stacks: first_stack, streams: first_stream, .. }) = later.forked
+        else {
+            return;
+        };
+        let stack = |s: StackId| if (s as usize) < first_stack { s } else { maps.stacks[s as usize - first_stack] };
+        let stream = |s: u16| if (s as usize) < first_stream { s } else { maps.streams[s as usize - first_stream] };
+        let action = |a: Action| {
+            if (a.0 as usize) < maps.unknown_from { a } else { maps.actions[a.0 as usize - maps.unknown_from] }
+        };
+        let same = maps.stacks.is_empty() && maps.streams.is_empty() && maps.actions.is_empty();
+        let last = (std::mem::take(&mut later.events), std::mem::take(&mut later.times));
+        self.events.reserve(chunks.iter().map(|c| c.0.len()).sum::<usize>() + last.0.len());
+        for (events, times) in chunks.into_iter().chain(std::iter::once(last)) {
+            if same {
+                self.events.extend_from_slice(&events);
+            } else {
+                let map = |e: &Event| Event { stack: stack(e.stack), stream: stream(e.stream), action: action(e.action), ..*e };
+                self.events.extend(events.iter().map(map));
+            }
+            self.times.extend_from(&times);
+        }
+    }
+}
+
+/// How the later part's stacks, streams and unknown actions map to the whole read's, for
+/// [`SnapshotSink::append_later`].
+pub(super) struct Maps {
+    stacks: Vec<StackId>,
+    streams: Vec<u16>,
+    actions: Vec<Action>,
+    unknown_from: usize,
 }
 
 /// The ids the later part folded, as the whole read has them: its events come after this
