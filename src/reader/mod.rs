@@ -23,6 +23,13 @@
 //! the same result by differential tests and a fuzz target of their own. It can be switched off
 //! ([`Limits::entry_fast_path`]).
 //!
+//! A file that can be opened again at any offset may be read in two parts at once
+//! ([`read_pickle_split`], `pickle/split.rs`): a second thread reads the back half of the list
+//! that holds most of it from a copy of the first part's state, and the first part takes that
+//! in only once it has checked every assumption the second part made, and that together they
+//! keep every limit; otherwise it reads on alone. Values, errors and offsets are a single
+//! read's either way (differential tests, and a third fuzz target).
+//!
 //! The reader depends on nothing else in the crate.
 
 mod error;
