@@ -81,7 +81,9 @@ pub trait Sink {
         Ok(None)
     }
 
-    /// The same for each non-empty list (a stack's frames list, say).
+    /// The same for each non-empty list (a stack's frames list, say). The same items must
+    /// fold the same way each time: the entry fast path reuses the answer for a list of the
+    /// same memoized containers.
     fn fold_list(&mut self, _heap: &Heap, _items: &[Value]) -> Result<Option<u32>, Self::Error> {
         Ok(None)
     }

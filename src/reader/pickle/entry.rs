@@ -70,6 +70,27 @@ pub(super) struct Scratch {
     learning: [Key; MAX_PAIRS],
     /// The last short string read (its bytes in a word, and how many) and its id.
     last_string: ((u64, usize), StrId),
+    /// Frames lists folded lately, as their bytes (see [`Parts::repeated_list`]), valid
+    /// while the memo's overwrite count is `lists_epoch`; the next slot to fill.
+    lists: [List; LISTS],
+    lists_epoch: u64,
+    next_list: usize,
+}
+
+/// Frames lists remembered, and the most bytes of one (a few memo gets).
+const LISTS: usize = 8;
+const LIST_BYTES: usize = 48;
+
+/// A frames list folded lately: its bytes after MARK up to its APPENDS, the first eight as a
+/// word, and its fold (the folded value, its frames and their greatest depth).
+#[derive(Clone, Copy)]
+struct List {
+    body: [u8; LIST_BYTES],
+    first: u64,
+    len: usize,
+    folded: Value,
+    count: usize,
+    depth: u32,
 }
 
 impl Default for Scratch {
@@ -82,6 +103,9 @@ impl Default for Scratch {
             epoch: u64::MAX,
             learning: [key; MAX_PAIRS],
             last_string: ((0, usize::MAX), 0),
+            lists: [List { body: [0; LIST_BYTES], first: 0, len: 0, folded: Value::None, count: 0, depth: 0 }; LISTS],
+            lists_epoch: u64::MAX,
+            next_list: 0,
         }
     }
 }
@@ -332,6 +356,10 @@ impl<S: Sink> Parts<'_, S> {
             return Ok(self.empty_list(buf, from));
         }
         let Some(mut p) = self.open(buf, from, 1) else { return Ok(None) };
+        let body = p;
+        if let Some(hit) = self.repeated_list(buf, body, at)? {
+            return Ok(Some(hit));
+        }
         let mut items = std::mem::take(&mut self.scratch.frames);
         items.clear();
         let mut depth = 0;
@@ -361,9 +389,63 @@ impl<S: Sink> Parts<'_, S> {
             p = next;
         };
         let folded = if complete { self.fold(&items, depth, p, at, Kind::List) } else { Ok(None) };
+        let count = items.len();
         self.scratch.frames = items;
+        let folded = folded?;
+        if let Some(v) = folded {
+            self.remember_list(&buf[body..=p], v, count, depth);
+        }
         // A folded list adds the depth of a folded value.
-        Ok(folded?.map(|v| (v, 2, p + 1)))
+        Ok(folded.map(|v| (v, 2, p + 1)))
+    }
+
+    /// A frames list whose bytes, from after its MARK to its APPENDS, are those of one folded
+    /// lately: the same memo gets of the same frame dicts (while no memo entry was overwritten),
+    /// which the sink folds the same way each time (see [`Sink::fold_list`]). Its fold, without
+    /// reading the memo or calling the sink; the limits are checked as the fold checks them.
+    #[inline(always)]
+    fn repeated_list(&mut self, buf: &[u8], body: usize, at: &mut u64) -> Res<Option<(Value, u32, usize)>, S::Error> {
+        if self.scratch.lists_epoch != self.memo.overwrites() {
+            return Ok(None);
+        }
+        let Some(w) = step(buf, body) else { return Ok(None) };
+        let first = word(w);
+        let Some(list) = self
+            .scratch
+            .lists
+            .iter()
+            .find(|l| l.len > 0 && l.first == first && buf.get(body..body + l.len) == Some(&l.body[..l.len]))
+        else {
+            return Ok(None);
+        };
+        let (value, count, depth, len) = (list.folded, list.count, list.depth, list.len);
+        if !self.heap.room_for_values(count as u64, self.limits.max_values) || depth >= self.limits.max_depth {
+            return Ok(None);
+        }
+        *at = self.base + (body + len - 1) as u64;
+        if !self.close(1, value) {
+            return Ok(None);
+        }
+        self.unbuilt += 1;
+        Ok(Some((value, 2, body + len)))
+    }
+
+    /// Keeps a folded frames list's bytes for [`Parts::repeated_list`].
+    fn remember_list(&mut self, bytes: &[u8], folded: Value, count: usize, depth: u32) {
+        let s = &mut *self.scratch;
+        if bytes.len() < 8 || bytes.len() > LIST_BYTES {
+            return;
+        }
+        if s.lists_epoch != self.memo.overwrites() {
+            s.lists.iter_mut().for_each(|l| l.len = 0);
+            s.lists_epoch = self.memo.overwrites();
+        }
+        let slot = &mut s.lists[s.next_list % LISTS];
+        s.next_list += 1;
+        slot.body[..bytes.len()].copy_from_slice(bytes);
+        let first: [u8; 8] = bytes[..8].try_into().unwrap_or([0; 8]);
+        (slot.first, slot.len, slot.folded, slot.count, slot.depth) =
+            (u64::from_le_bytes(first), bytes.len(), folded, count, depth);
     }
 
     /// An empty list (torch's frames of an allocation made outside Python): a real, empty

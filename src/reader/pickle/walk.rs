@@ -349,4 +349,3 @@ mod tests {
         assert_eq!(walk_from(&bytes, ends[0], 5, 5, ends[2]), None);
     }
 }
-
