@@ -5,12 +5,12 @@
 use serde::{Deserialize, Serialize};
 
 use super::breakdown::{self, Breakdown, Growth, Moment, Step};
-use super::categories::{self, Category, Labels};
+use super::categories::{Category, Labels};
 use super::phases::{self, Phase, Phases};
 use super::timeline::Peak;
 use std::rc::Rc;
 
-use crate::replay::{CHECKPOINT_EVERY, Replay, Rules, State};
+use crate::replay::{BlockRec, CHECKPOINT_EVERY, Replay, Rules, State};
 use crate::snapshot::{Action, BlockState, Device, Event, Snapshot};
 
 /// OOMs that get a breakdown of their own; the rest are counted in `ooms`.
@@ -36,26 +36,23 @@ impl Memory {
 pub struct Index {
     pub phases: Phases,
     pub labels: Labels,
-    /// For each alloc event, the event that freed it ([`categories::frees`]).
+    /// For each alloc event, the event that freed it ([`super::categories::frees`]).
     pub freed: Vec<u32>,
 }
 
-impl Index {
-    /// Phases first (they need only the events); labels once the replay knows the blocks alive
-    /// before the trace (`initial`, the state before the first event); `freed` is
-    /// [`categories::frees`] of the device's events.
-    pub fn build(snapshot: &Snapshot, d: &Device, phases: Phases, initial: &State, freed: Vec<u32>) -> Index {
-        let events = snapshot.device_events(d);
-        let before: Vec<_> = initial
-            .segment_ids()
-            .flat_map(|s| initial.block_ids(s).collect::<Vec<_>>())
-            .map(|b| initial.block(b).clone())
-            .filter(|b| b.state != BlockState::Inactive)
-            .collect();
-        let labels = categories::label(snapshot, events, &phases, &before, &freed);
-        Index { phases, labels, freed }
-    }
+/// The blocks alive in `state` (the state before the first event, whose blocks the labels
+/// need: they were allocated before the trace began).
+pub fn live_blocks(state: &State) -> Vec<BlockRec> {
+    state
+        .segment_ids()
+        .flat_map(|s| state.block_ids(s))
+        .map(|b| state.block(b))
+        .filter(|b| b.state != BlockState::Inactive)
+        .cloned()
+        .collect()
+}
 
+impl Index {
     /// About what it holds in memory: per event a phase, a step, a category and a free.
     pub fn bytes(&self) -> u64 {
         self.phases.phase.len() as u64 * (1 + 4 + 1 + 4)

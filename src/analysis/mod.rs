@@ -29,8 +29,8 @@ pub(crate) mod memory;
 pub(crate) mod oom;
 pub(crate) mod phases;
 mod predict;
-pub mod summary;
 pub(crate) mod rhythm;
+pub mod summary;
 pub(crate) mod timeline;
 
 pub use actions::{TraceSummary, trace_summary};
@@ -183,24 +183,24 @@ pub fn analyze_with(snapshot: &Snapshot, source: Source, depth: Depth, options: 
 }
 
 /// The observers of one forward pass.
-struct Pass<'a> {
-    timeline: Timeline,
+struct Pass<'a, 'p> {
+    timeline: &'p mut Timeline,
     series: bool,
     ooms: OomObserver<'a>,
-    phases: phases::Phases,
+    phases: &'p phases::Phases,
     steps: breakdown::StepPeaks,
     capture: Option<memory::Capture>,
     /// The replay keeps no checkpoints: the capture keeps copies of its own.
     copies: bool,
 }
 
-impl Observer for Pass<'_> {
+impl Observer for Pass<'_, '_> {
     fn start(&mut self, initial: &State) {
         self.capture = Some(memory::Capture::new(initial, self.copies));
     }
 
     fn event(&mut self, index: usize, e: &Event, state: &State) {
-        self.steps.event(index, &self.phases, state.totals.allocated_bytes);
+        self.steps.event(index, self.phases, state.totals.allocated_bytes);
         if let Some(c) = &mut self.capture {
             c.event(index, e, state);
         }
@@ -222,33 +222,61 @@ fn analyze_device(
     let events = snapshot.device_events(d);
     let rules = replay::Rules::from_settings(snapshot.allocator_settings.as_ref());
     let serve = depth == Depth::Serve;
-    let mut pass = Pass {
-        timeline: Timeline::new(if serve { events.len() } else { 0 }),
-        series: serve,
-        ooms: OomObserver { snapshot, first: d.events.start, ooms: Vec::new(), count: 0, first_state: None },
-        phases: phases::Phases::default(),
-        steps: breakdown::StepPeaks::default(),
-        capture: None,
-        copies: depth == Depth::Report,
-    };
-    // The phases and which event frees each allocation need only the events: worked out on
-    // the other core while this one derives the state before the trace and replays.
-    let (replay, freed) = std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::channel();
+    // What needs only the events is worked out on the other core while this one derives the
+    // state before the trace and replays: the phases (which the replay's observers read too),
+    // the event that frees each allocation, the times of the series, and then, once the
+    // derivation tells the blocks alive before the trace, every allocation's category.
+    let phases = std::sync::OnceLock::new();
+    // Outside the scope, so that its memory outlives the thread that faults it in.
+    let mut timeline = Timeline::new(if serve { events.len() } else { 0 });
+    let unwritten = timeline.unwritten();
+    let (replay, pass_rest, side) = std::thread::scope(|scope| {
+        let (tx_before, rx_before) = std::sync::mpsc::channel();
+        let (tx_ready, rx_ready) = std::sync::mpsc::channel();
+        let phases = &phases;
         let side = scope.spawn(move || {
-            let _ = tx.send(memory::phases(snapshot, d));
-            categories::frees(events)
+            let ph = phases.get_or_init(|| memory::phases(snapshot, d));
+            let _ = tx_ready.send(());
+            unwritten.prefault();
+            let times = serve.then(|| timeline::times(snapshot, d.events.clone()));
+            let freed = categories::frees(events);
+            let before: Vec<replay::BlockRec> = rx_before.recv().ok()?;
+            Some((categories::label(snapshot, events, ph, &before, &freed), freed, times))
         });
         let start = replay::Start::derive(snapshot, d);
-        pass.phases = rx.recv().unwrap_or_else(|_| memory::phases(snapshot, d));
+        let _ = tx_before.send(memory::live_blocks(start.initial()));
+        // Where the other thread failed, this one works the phases out itself.
+        let _ = rx_ready.recv();
+        let phases = phases.get_or_init(|| memory::phases(snapshot, d));
+        let mut pass = Pass {
+            timeline: &mut timeline,
+            series: serve,
+            ooms: OomObserver { snapshot, first: d.events.start, ooms: Vec::new(), count: 0, first_state: None },
+            phases,
+            steps: breakdown::StepPeaks::default(),
+            capture: None,
+            copies: depth == Depth::Report,
+        };
         let replay = start.run(snapshot, d, &mut pass, depth != Depth::Report);
-        (replay, side.join().unwrap_or_else(|_| categories::frees(events)))
+        let Pass { ooms, steps, capture, .. } = pass;
+        (replay, (ooms, steps, capture), side.join().ok().flatten())
     });
-    if serve {
-        pass.timeline.set_times(snapshot, d.events.clone());
+    let (mut ooms, mut steps, mut capture) = pass_rest;
+    let phases = phases.into_inner().unwrap_or_else(|| memory::phases(snapshot, d));
+    let (labels, freed, times) = match side {
+        Some(done) => done,
+        None => {
+            let freed = categories::frees(events);
+            let before = memory::live_blocks(&replay.state_at(snapshot, None));
+            let times = serve.then(|| timeline::times(snapshot, d.events.clone()));
+            (categories::label(snapshot, events, &phases, &before, &freed), freed, times)
+        }
+    };
+    if let Some(times) = times {
+        timeline.time_us = times;
     }
     let initial = replay.state_at(snapshot, None);
-    let mut peak = pass.timeline.peak;
+    let mut peak = timeline.peak;
     if initial.totals.reserved_bytes >= peak.reserved_bytes {
         (peak.reserved_bytes, peak.reserved_event) = (initial.totals.reserved_bytes, None);
     }
@@ -259,20 +287,20 @@ fn analyze_device(
     let pinned = gaps::pinned(&end, &snapshot.stacks);
     // At an OOM, the pattern is judged where the job died; otherwise at the end, as replayed
     // (its segments know their creating event and stack; the snapshot's do not).
-    let judged = match pass.ooms.first_state.take() {
+    let judged = match ooms.first_state.take() {
         Some(s) => s,
         None if replay.final_mismatches.is_empty() => replay.end.clone(),
         None => end,
     };
     let rhythm = rhythm::rhythm(&judged, &snapshot.stacks);
-    let big = big_allocation(snapshot, events, &pass.ooms.ooms, &judged);
+    let big = big_allocation(snapshot, events, &ooms.ooms, &judged);
     let big_repeats = match &big {
         Some((Some(site), size)) => repeats(snapshot, events, &rules, site, *size),
         _ => 0,
     };
     let final_state = counters(&d.segments);
     let mut diagnosis = advice::diagnose(&advice::Facts {
-        ooms: &pass.ooms.ooms,
+        ooms: &ooms.ooms,
         pinned: &pinned,
         reserved_bytes: final_state.reserved_bytes,
         rhythm: &rhythm,
@@ -280,10 +308,10 @@ fn analyze_device(
         big: big.clone(),
         big_repeats,
     });
-    predict::predict(snapshot, d, &pass.ooms.ooms, peak.reserved_bytes, &mut diagnosis);
-    let steps = std::mem::take(&mut pass.steps.steps);
-    let index = memory::Index::build(snapshot, d, std::mem::take(&mut pass.phases), &initial, freed);
-    let capture = pass.capture.take().unwrap_or_else(|| memory::Capture::new(&initial, false));
+    predict::predict(snapshot, d, &ooms.ooms, peak.reserved_bytes, &mut diagnosis);
+    let steps = std::mem::take(&mut steps.steps);
+    let index = memory::Index { phases, labels, freed };
+    let capture = capture.take().unwrap_or_else(|| memory::Capture::new(&initial, false));
     let memory = memory::memory(snapshot, d, &replay, &index, &capture, &peak, steps);
     drop(capture);
     let before: Vec<(u64, categories::Category)> = initial
@@ -295,14 +323,14 @@ fn analyze_device(
         .collect();
     let replaying = capacity::Replaying { snapshot, device: d, index: &index, before };
     let reserved = peak.reserved_bytes;
-    capacity::explain(&replaying, &pass.ooms.ooms, &memory, options.capacity, reserved, &mut diagnosis);
+    capacity::explain(&replaying, &ooms.ooms, &memory, options.capacity, reserved, &mut diagnosis);
     let analysis = DeviceAnalysis {
         device: d.device,
         final_state,
         trace: trace_summary(snapshot, d, replay.complete),
         peak,
-        ooms: pass.ooms.ooms,
-        oom_count: pass.ooms.count,
+        ooms: ooms.ooms,
+        oom_count: ooms.count,
         pinned: pinned.summary.clone(),
         pinners: pinned.pinners.iter().take(20).cloned().collect(),
         gaps: pinned.gaps.iter().take(20).cloned().collect(),
@@ -316,7 +344,7 @@ fn analyze_device(
             first_warnings: replay.warnings.first.clone(),
         },
     };
-    (analysis, replay, pass.timeline, index)
+    (analysis, replay, timeline, index)
 }
 
 /// How many times `site` allocated `size` bytes (rounded) in the trace.

@@ -107,6 +107,11 @@ impl Start {
         Start { rules, hints, init }
     }
 
+    /// The state before the first event.
+    pub fn initial(&self) -> &State {
+        &self.init.state
+    }
+
     /// Replays the trace forwards once, showing every step to `observer`; with `checkpoints`,
     /// keeps them for [`Replay::state_at`].
     pub fn run(self, snapshot: &Snapshot, device: &Device, observer: &mut dyn Observer, checkpoints: bool) -> Replay {

@@ -268,28 +268,107 @@ fn padded(bytes: usize) -> usize {
 fn write_timeline(path: &Path, t: &Timeline) -> io::Result<()> {
     let time: &[u64] = bytemuck::cast_slice(&t.time_us);
     let series = t.columns();
-    let layouts: Vec<Layout> =
-        std::iter::once(Layout::of(time, true)).chain(series.iter().map(|c| Layout::of(c, false))).collect();
-    let mut f = io::BufWriter::with_capacity(1 << 20, File::create(path)?);
-    f.write_all(MAGIC)?;
-    f.write_all(&3u32.to_le_bytes())?;
-    f.write_all(&(t.len() as u64).to_le_bytes())?;
+    let columns: Vec<(&[u64], bool)> = std::iter::once((time, true)).chain(series.map(|c| (c, false))).collect();
+    // Each column is a pass of its own, so the columns are shared between two threads: first
+    // their layouts, then (every place in the file known from the layouts) their values.
+    let layouts = on_two_threads(&columns, |&(values, signed)| Ok(Layout::of(values, signed)))?;
+    let (n, blocks) = (t.len(), t.len().div_ceil(BLOCK));
+    let mut at = (HEADER + COLUMNS * ENTRY) as u64;
+    let mut places = Vec::with_capacity(COLUMNS);
+    for l in &layouts {
+        places.push(at);
+        at += padded(n * l.width) as u64;
+    }
+    // Then each series' block minimums and maximums.
+    let extremes: Vec<u64> = layouts[1..]
+        .iter()
+        .map(|l| {
+            let place = at;
+            at += 2 * padded(blocks * l.width) as u64;
+            place
+        })
+        .collect();
+    let file = File::create(path)?;
+    let mut head = Vec::with_capacity(HEADER + COLUMNS * ENTRY);
+    head.extend_from_slice(MAGIC);
+    head.extend_from_slice(&3u32.to_le_bytes());
+    head.extend_from_slice(&(n as u64).to_le_bytes());
     for l in &layouts {
         let mut entry = [0u8; ENTRY];
         entry[..8].copy_from_slice(&l.base.to_le_bytes());
         (entry[8], entry[9]) = (l.shift as u8, l.width as u8);
-        f.write_all(&entry)?;
+        head.extend_from_slice(&entry);
     }
-    layouts[0].write(&mut f, time)?;
-    for (l, col) in layouts[1..].iter().zip(series) {
-        l.write(&mut f, col)?;
+    At::new(&file, 0).write_all(&head)?;
+    let jobs: Vec<usize> = (0..COLUMNS).collect();
+    on_two_threads(&jobs, |&i| {
+        let (l, values) = (layouts[i], columns[i].0);
+        let mut f = io::BufWriter::with_capacity(256 << 10, At::new(&file, places[i]));
+        l.write(&mut f, values)?;
+        if i > 0 {
+            let (min, max) = block_extremes(values);
+            f.flush()?;
+            *f.get_mut() = At::new(&file, extremes[i - 1]);
+            l.write(&mut f, &min)?;
+            l.write(&mut f, &max)?;
+        }
+        f.flush()
+    })?;
+    file.sync_all()
+}
+
+/// `job` of each of `items`, the odd ones on a second thread.
+fn on_two_threads<T: Sync, R: Send>(items: &[T], job: impl Fn(&T) -> io::Result<R> + Sync) -> io::Result<Vec<R>> {
+    let (job, mut out) = (&job, Vec::with_capacity(items.len()));
+    let (even, odd) = std::thread::scope(|scope| {
+        let odd = scope.spawn(move || items.iter().skip(1).step_by(2).map(job).collect::<io::Result<Vec<R>>>());
+        let even = items.iter().step_by(2).map(job).collect::<io::Result<Vec<R>>>();
+        (even, odd.join().unwrap_or_else(|_| Err(io::Error::other("a thread writing the timeline failed"))))
+    });
+    let (mut even, mut odd) = (even?.into_iter(), odd?.into_iter());
+    for i in 0..items.len() {
+        out.extend(if i % 2 == 0 { even.next() } else { odd.next() });
     }
-    for (l, col) in layouts[1..].iter().zip(series) {
-        let (min, max) = block_extremes(col);
-        l.write(&mut f, &min)?;
-        l.write(&mut f, &max)?;
+    Ok(out)
+}
+
+/// Writes at a place of a file that several threads write at once (`pwrite`), and starts
+/// the writeback of every few MiB written, so that the sync at the end waits for little.
+struct At<'a> {
+    file: &'a File,
+    pos: u64,
+    unsent: u64,
+}
+
+impl<'a> At<'a> {
+    fn new(file: &'a File, pos: u64) -> At<'a> {
+        At { file, pos, unsent: pos }
     }
-    f.into_inner().map_err(|e| e.into_error())?.sync_all()
+}
+
+/// Bytes between starts of writeback.
+const WRITEBACK: u64 = 4 << 20;
+
+impl Write for At<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = std::os::unix::fs::FileExt::write_at(self.file, buf, self.pos)?;
+        self.pos += n as u64;
+        if self.pos - self.unsent >= WRITEBACK {
+            #[cfg(target_os = "linux")]
+            {
+                use std::os::fd::AsRawFd;
+                let (fd, from, len) = (self.file.as_raw_fd(), self.unsent as i64, (self.pos - self.unsent) as i64);
+                // SAFETY: a hint on a descriptor this writer borrows; it touches none of our memory.
+                unsafe { libc::sync_file_range(fd, from, len, libc::SYNC_FILE_RANGE_WRITE) };
+            }
+            self.unsent = self.pos;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// How a mapped file holds its columns.
