@@ -46,7 +46,8 @@ impl Timeline {
     }
 
     /// Where the series' values will go, so that another thread can fault those pages in
-    /// ([`Unwritten::prefault`]) while the replay fills them.
+    /// ([`Unwritten::prefault`]) while the replay fills them: addresses, meaningful while this
+    /// timeline lives and its series stay within their capacity.
     pub fn unwritten(&self) -> Unwritten {
         let columns = [
             &self.reserved_bytes,
@@ -344,6 +345,29 @@ impl Observer for Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Faulting the series' pages in on another thread while they are filled, as the serving
+    /// analysis does, changes no value: neither those written before nor those written during.
+    #[test]
+    fn prefaulting_the_series_changes_no_value() {
+        let n = 3 << 20;
+        let mut t = Timeline::new(n);
+        t.allocated_bytes.extend((0..n as u64 / 3).map(|i| i * 512));
+        let unwritten = t.unwritten();
+        assert!(unwritten.0[1].len() == (n - n / 3) * 8 && unwritten.0[0].len() == n * 8);
+        std::thread::scope(|scope| {
+            scope.spawn(|| unwritten.prefault());
+            for i in 0..n as u64 {
+                t.reserved_bytes.push(i ^ 0x5555);
+                if i >= n as u64 / 3 {
+                    t.allocated_bytes.push(i * 512);
+                }
+            }
+        });
+        assert!(t.reserved_bytes.iter().enumerate().all(|(i, &v)| v == i as u64 ^ 0x5555));
+        assert!(t.allocated_bytes.iter().enumerate().all(|(i, &v)| v == i as u64 * 512));
+        assert_eq!(t.reserved_bytes.capacity(), n, "filled in place, never moved");
+    }
 
     #[test]
     fn downsampling_keeps_spikes() {
