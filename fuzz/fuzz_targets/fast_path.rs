@@ -3,17 +3,14 @@
 //! corpus: `cargo +nightly fuzz run fast_path corpus/reader`.
 #![no_main]
 
-use fragscope::ingest::{Options, ingest};
+use fragscope::ingest::ingest;
 use libfuzzer_sys::fuzz_target;
 
+#[path = "small.rs"]
+mod small;
+
 fn read(data: &[u8], fast: bool) -> String {
-    let mut options = Options::default();
-    // Small limits, so that the fuzzer reaches them (and each run stays small).
-    options.limits.max_input_bytes = 1 << 24;
-    options.limits.max_values = 1 << 16;
-    options.limits.max_memo = 1 << 14;
-    options.limits.max_containers = 1 << 14;
-    options.limits.max_depth = 12;
+    let mut options = small::options();
     options.limits.entry_fast_path = fast;
     match ingest(std::io::Cursor::new(data.to_vec()), &options) {
         Ok(i) => {

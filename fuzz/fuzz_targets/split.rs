@@ -10,15 +10,11 @@ use std::io::Write;
 use fragscope::ingest::{Options, TwoParts, ingest_path};
 use libfuzzer_sys::fuzz_target;
 
+#[path = "small.rs"]
+mod small;
+
 fn read(path: &std::path::Path, parts: Option<TwoParts>) -> String {
-    let mut options = Options::default();
-    // Small limits, so that the fuzzer reaches them (and each run stays small).
-    options.limits.max_input_bytes = 1 << 24;
-    options.limits.max_values = 1 << 16;
-    options.limits.max_memo = 1 << 14;
-    options.limits.max_containers = 1 << 14;
-    options.limits.max_depth = 12;
-    options.two_parts = parts;
+    let options = Options { two_parts: parts, ..small::options() };
     match ingest_path(path, &options) {
         Ok(i) => format!("{}\n{:?}", i.snapshot.canonical_text(), i.source),
         Err(e) => format!("error: {e}"),

@@ -69,7 +69,7 @@ impl Memo {
     }
 
     /// Stores `v` at `index` (at most one past the end); false if the payload space is full,
-    /// or if `index` lies below a later part's own slots.
+    /// or if `index` is one of the earlier part's a later part cannot see.
     #[inline(always)]
     pub(super) fn put(&mut self, index: usize, v: Value) -> bool {
         let slot = match encode(v) {
@@ -82,14 +82,23 @@ impl Memo {
                 MEMO_OTHER << TAG_SHIFT | (self.others.len() - 1) as u32
             }
         };
-        let Some(i) = index.checked_sub(self.tail_base) else { return false };
-        if i == self.tail.len() {
-            self.tail.push(slot);
-        } else {
-            self.lowest_overwrite = self.lowest_overwrite.min(index);
-            self.overwrites += 1;
-            self.tail[i] = slot;
-        }
+        let target = match index.checked_sub(self.tail_base) {
+            Some(i) if i == self.tail.len() => {
+                self.tail.push(slot);
+                return true;
+            }
+            Some(i) => &mut self.tail[i],
+            // Below the tail: a slot of the head (after a join, one the earlier part put;
+            // in a later part, one of the copy, which the overwrite count then keeps from
+            // being taken in), or, in a later part, one it cannot see.
+            None => match self.head.get_mut(index) {
+                Some(head) => head,
+                None => return false,
+            },
+        };
+        *target = slot;
+        self.lowest_overwrite = self.lowest_overwrite.min(index);
+        self.overwrites += 1;
         true
     }
 
