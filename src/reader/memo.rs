@@ -39,6 +39,8 @@ pub(super) struct Memo {
     lowest_overwrite: usize,
     /// Puts that overwrote: what the fast path learnt of the memo holds while it stays.
     overwrites: u64,
+    /// The head is this read's own (it took a later part in), not a later part's copy.
+    own_head: bool,
 }
 
 impl Memo {
@@ -69,7 +71,7 @@ impl Memo {
     }
 
     /// Stores `v` at `index` (at most one past the end); false if the payload space is full,
-    /// or if `index` is one of the earlier part's a later part cannot see.
+    /// or if `index` lies below a later part's own slots.
     #[inline(always)]
     pub(super) fn put(&mut self, index: usize, v: Value) -> bool {
         let slot = match encode(v) {
@@ -88,12 +90,11 @@ impl Memo {
                 return true;
             }
             Some(i) => &mut self.tail[i],
-            // Below the tail: a slot of the head (after a join, one the earlier part put;
-            // in a later part, one of the copy, which the overwrite count then keeps from
-            // being taken in), or, in a later part, one it cannot see.
+            // Below the tail: after a join, a slot the earlier part put, as any read may
+            // overwrite; in a later part, a slot it must leave alone.
             None => match self.head.get_mut(index) {
-                Some(head) => head,
-                None => return false,
+                Some(slot) if self.own_head => slot,
+                _ => return false,
             },
         };
         *target = slot;
@@ -159,6 +160,7 @@ impl Memo {
             sparse: HashMap::new(),
             lowest_overwrite: usize::MAX,
             overwrites: 0,
+            own_head: false,
         })
     }
 
@@ -220,6 +222,7 @@ impl Memo {
         self.head = std::mem::take(&mut self.tail);
         self.tail = later.slots;
         self.tail_base = later.base;
+        self.own_head = true;
     }
 }
 
@@ -314,6 +317,9 @@ mod tests {
         assert_eq!(all, want);
         assert!(earlier.put(6, Value::Str(3)));
         assert_eq!(earlier.len(), 7);
+        // Its own slots stay its to overwrite, as in any read.
+        assert!(earlier.put(1, Value::Str(8)));
+        assert_eq!(earlier.decode(earlier.slot(1).unwrap()), Value::Str(8));
     }
 
     #[test]
