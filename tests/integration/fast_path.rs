@@ -71,6 +71,15 @@ fn hostile_files_fail_the_same_through_both_paths() {
     }
 }
 
+/// A frames list the fast path folded, got from the memo and nested in tuples by the general
+/// machine (a fuzzed file): its depth counts as a fold's on both paths, so the nesting limit
+/// is met at the same opcode. The `fast_path` fuzz target found them two opcodes apart.
+#[test]
+fn a_folded_value_nested_again_meets_the_depth_limit_at_the_same_opcode() {
+    let bytes = std::fs::read(crate::util::fixtures().join("fast_path/folded_nested.pickle")).unwrap();
+    same("a folded value nested again", &bytes, &|o| o.limits.max_depth = 12);
+}
+
 #[test]
 fn external_snapshots_read_the_same_through_both_paths() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/external");

@@ -206,14 +206,18 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
         }
         let mut max_depth = 0;
         for i in from..self.stack.len() {
-            // Scalars and strings need nothing: only containers are sealed or folded.
-            let Value::Node(child) = self.stack[i] else { continue };
-            if child == id {
-                return self.err(ErrorKind::Recursive);
-            }
-            let v = self.settle(Value::Node(child))?;
+            // Only containers are sealed or folded; a value the fast path folded (memoized as
+            // such) has the depth of one folded here.
+            let v = match self.stack[i] {
+                Value::Node(child) if child == id => return self.err(ErrorKind::Recursive),
+                Value::Node(child) => {
+                    let v = self.settle(Value::Node(child))?;
+                    self.stack[i] = v;
+                    v
+                }
+                v => v,
+            };
             max_depth = max_depth.max(self.heap.value_depth(v));
-            self.stack[i] = v;
         }
         if max_depth + 1 > self.limits.max_depth {
             return self.limit("nesting depth", self.limits.max_depth as u64);
