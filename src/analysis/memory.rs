@@ -40,16 +40,14 @@ pub struct Index {
     pub freed: Vec<u32>,
 }
 
-/// The blocks alive in `state` (the state before the first event, whose blocks the labels
-/// need: they were allocated before the trace began).
-pub fn live_blocks(state: &State) -> Vec<BlockRec> {
+/// The blocks alive in `state` (in the state before the first event, those allocated before
+/// the trace began).
+pub fn live_blocks(state: &State) -> impl Iterator<Item = &BlockRec> {
     state
         .segment_ids()
         .flat_map(|s| state.block_ids(s))
         .map(|b| state.block(b))
         .filter(|b| b.state != BlockState::Inactive)
-        .cloned()
-        .collect()
 }
 
 impl Index {

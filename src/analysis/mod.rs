@@ -224,8 +224,7 @@ fn analyze_device(
     let serve = depth == Depth::Serve;
     // What needs only the events is worked out on the other core while this one derives the
     // state before the trace and replays: the phases (which the replay's observers read too),
-    // the event that frees each allocation, the times of the series, and then, once the
-    // derivation tells the blocks alive before the trace, every allocation's category.
+    // then the series' pages faulted in ahead of the replay, and the rest of `EventsWork`.
     let phases = std::sync::OnceLock::new();
     // Outside the scope, so that its memory outlives the thread that faults it in.
     let mut timeline = Timeline::new(if serve { events.len() } else { 0 });
@@ -238,13 +237,10 @@ fn analyze_device(
             let ph = phases.get_or_init(|| memory::phases(snapshot, d));
             let _ = tx_ready.send(());
             unwritten.prefault();
-            let times = serve.then(|| timeline::times(snapshot, d.events.clone()));
-            let freed = categories::frees(events);
-            let before: Vec<replay::BlockRec> = rx_before.recv().ok()?;
-            Some((categories::label(snapshot, events, ph, &before, &freed), freed, times))
+            EventsWork::new(snapshot, d, ph, serve, || rx_before.recv().ok())
         });
         let start = replay::Start::derive(snapshot, d);
-        let _ = tx_before.send(memory::live_blocks(start.initial()));
+        let _ = tx_before.send(memory::live_blocks(start.initial()).cloned().collect());
         // Where the other thread failed, this one works the phases out itself.
         let _ = rx_ready.recv();
         let phases = phases.get_or_init(|| memory::phases(snapshot, d));
@@ -262,15 +258,12 @@ fn analyze_device(
         (replay, (ooms, steps, capture), side.join().ok().flatten())
     });
     let (mut ooms, mut steps, mut capture) = pass_rest;
-    let phases = phases.into_inner().unwrap_or_else(|| memory::phases(snapshot, d));
-    let (labels, freed, times) = match side {
+    // Set in the scope, by one thread or the other.
+    let phases = phases.into_inner().unwrap_or_default();
+    let initial_blocks = || Some(memory::live_blocks(&replay.state_at(snapshot, None)).cloned().collect());
+    let EventsWork { labels, freed, times } = match side {
         Some(done) => done,
-        None => {
-            let freed = categories::frees(events);
-            let before = memory::live_blocks(&replay.state_at(snapshot, None));
-            let times = serve.then(|| timeline::times(snapshot, d.events.clone()));
-            (categories::label(snapshot, events, &phases, &before, &freed), freed, times)
-        }
+        None => EventsWork::new(snapshot, d, &phases, serve, initial_blocks).unwrap_or_default(),
     };
     if let Some(times) = times {
         timeline.time_us = times;
@@ -314,13 +307,8 @@ fn analyze_device(
     let capture = capture.take().unwrap_or_else(|| memory::Capture::new(&initial, false));
     let memory = memory::memory(snapshot, d, &replay, &index, &capture, &peak, steps);
     drop(capture);
-    let before: Vec<(u64, categories::Category)> = initial
-        .segment_ids()
-        .flat_map(|s| initial.block_ids(s).collect::<Vec<_>>())
-        .map(|b| initial.block(b))
-        .filter(|b| b.state != crate::snapshot::BlockState::Inactive)
-        .map(|b| (b.address, index.labels.of(b)))
-        .collect();
+    let before: Vec<(u64, categories::Category)> =
+        memory::live_blocks(&initial).map(|b| (b.address, index.labels.of(b))).collect();
     let replaying = capacity::Replaying { snapshot, device: d, index: &index, before };
     let reserved = peak.reserved_bytes;
     capacity::explain(&replaying, &ooms.ooms, &memory, options.capacity, reserved, &mut diagnosis);
@@ -345,6 +333,32 @@ fn analyze_device(
         },
     };
     (analysis, replay, timeline, index)
+}
+
+/// What a device's analysis needs besides the replay: every allocation's category, the event
+/// that frees each, and (serving) the series' time column. From the events alone, but for the
+/// blocks alive before the trace, which `before` waits for (None: they never came).
+#[derive(Default)]
+struct EventsWork {
+    labels: categories::Labels,
+    freed: Vec<u32>,
+    times: Option<Vec<i64>>,
+}
+
+impl EventsWork {
+    fn new(
+        snapshot: &Snapshot,
+        d: &Device,
+        phases: &phases::Phases,
+        serve: bool,
+        before: impl FnOnce() -> Option<Vec<replay::BlockRec>>,
+    ) -> Option<EventsWork> {
+        let events = snapshot.device_events(d);
+        let times = serve.then(|| timeline::times(snapshot, d.events.clone()));
+        let freed = categories::frees(events);
+        let labels = categories::label(snapshot, events, phases, &before()?, &freed);
+        Some(EventsWork { labels, freed, times })
+    }
 }
 
 /// How many times `site` allocated `size` bytes (rounded) in the trace.

@@ -49,14 +49,7 @@ impl Timeline {
     /// ([`Unwritten::prefault`]) while the replay fills them: addresses, meaningful while this
     /// timeline lives and its series stay within their capacity.
     pub fn unwritten(&self) -> Unwritten {
-        let columns = [
-            &self.reserved_bytes,
-            &self.allocated_bytes,
-            &self.active_bytes,
-            &self.pinned_free_bytes,
-            &self.largest_free_block_bytes,
-        ];
-        Unwritten(columns.map(|c| {
+        Unwritten(self.series().map(|c| {
             let start = c.as_ptr_range().end as usize;
             start..start + (c.capacity() - c.len()) * std::mem::size_of::<u64>()
         }))
@@ -85,6 +78,10 @@ impl Timeline {
 
     /// The columns, in the order [`SERIES`] names them.
     pub fn columns(&self) -> [&[u64]; 5] {
+        self.series().map(|c| c.as_slice())
+    }
+
+    fn series(&self) -> [&Vec<u64>; 5] {
         [
             &self.reserved_bytes,
             &self.allocated_bytes,

@@ -59,6 +59,20 @@ pub fn io_disk_full(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::StorageFull || e.kind() == std::io::ErrorKind::QuotaExceeded
 }
 
+/// Starts writing `len` bytes of `file` at `offset` to disk without waiting for it, so that
+/// a sync later has less left to write (on Linux; elsewhere that sync writes it all). It can
+/// block while the disk's queue is full: call it where blocking is allowed.
+pub fn start_writeback(file: &std::fs::File, offset: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a hint on a descriptor the caller holds open; it touches none of our memory.
+        unsafe { libc::sync_file_range(file.as_raw_fd(), offset as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE) };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, offset, len);
+}
+
 /// A new random id: 128 bits from the OS as 32 hex digits, unguessable, not derived from the
 /// content (knowing a file must not reveal its link).
 pub fn random_id() -> String {

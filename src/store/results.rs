@@ -354,13 +354,7 @@ impl Write for At<'_> {
         let n = std::os::unix::fs::FileExt::write_at(self.file, buf, self.pos)?;
         self.pos += n as u64;
         if self.pos - self.unsent >= WRITEBACK {
-            #[cfg(target_os = "linux")]
-            {
-                use std::os::fd::AsRawFd;
-                let (fd, from, len) = (self.file.as_raw_fd(), self.unsent as i64, (self.pos - self.unsent) as i64);
-                // SAFETY: a hint on a descriptor this writer borrows; it touches none of our memory.
-                unsafe { libc::sync_file_range(fd, from, len, libc::SYNC_FILE_RANGE_WRITE) };
-            }
+            super::start_writeback(self.file, self.unsent, self.pos - self.unsent);
             self.unsent = self.pos;
         }
         Ok(n)

@@ -69,17 +69,10 @@ const WRITEBACK: u64 = 16 << 20;
 /// writes it all). On a blocking thread, with a descriptor of its own: the call can block while
 /// the disk's queue is full.
 async fn start_writeback(file: &tokio::fs::File, offset: u64, len: u64) {
-    #[cfg(target_os = "linux")]
     if let Ok(own) = file.try_clone().await {
         let own = own.into_std().await;
-        tokio::task::spawn_blocking(move || {
-            use std::os::fd::AsRawFd;
-            // SAFETY: a hint on a descriptor this closure owns; it touches none of our memory.
-            unsafe { libc::sync_file_range(own.as_raw_fd(), offset as i64, len as i64, libc::SYNC_FILE_RANGE_WRITE) };
-        });
+        tokio::task::spawn_blocking(move || crate::store::start_writeback(&own, offset, len));
     }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (file, offset, len);
 }
 
 /// Writes chunks to the temp file, hashing, counting and capping.
