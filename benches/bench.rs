@@ -112,17 +112,21 @@ fn against_pickle(snapshot: &Path) {
 fn replay_table(path: &Path) {
     use fragscope::{analysis, ingest};
     let mut ingest_s = Vec::new();
-    let mut one_part_s = Vec::new();
+    let mut other_s = Vec::new();
     let mut analyze_s = Vec::new();
     let mut last = None;
     let mut fast = 0;
     let mut later_part = None;
     for _ in 0..RUNS {
-        // The read in one part, alternated with the default (in two parts where it can).
-        let one_part = ingest::Options { two_parts: None, ..ingest::Options::default() };
+        // The default (in two parts where the cores allow), alternated with the other way.
+        let other = match ingest::Options::default().two_parts {
+            Some(_) => None,
+            None => Some(ingest::TwoParts::default()),
+        };
+        let other = ingest::Options { two_parts: other, ..ingest::Options::default() };
         let t = Instant::now();
-        std::hint::black_box(ingest::ingest_path(path, &one_part).expect("ingest"));
-        one_part_s.push(t.elapsed().as_secs_f64());
+        std::hint::black_box(ingest::ingest_path(path, &other).expect("ingest"));
+        other_s.push(t.elapsed().as_secs_f64());
         let t = Instant::now();
         let ingested = ingest::ingest_path(path, &ingest::Options::default()).expect("ingest");
         ingest_s.push(t.elapsed().as_secs_f64());
@@ -167,12 +171,18 @@ fn replay_table(path: &Path) {
     println!("The reader's fast path read {fast} of the {n} trace entries.\n");
     println!("| step | time | target |");
     println!("|---|---|---|");
-    let share = |r: &std::ops::Range<u64>| 100.0 * (r.end - r.start) as f64 / std::fs::metadata(path).unwrap().len() as f64;
+    let share =
+        |r: &std::ops::Range<u64>| 100.0 * (r.end - r.start) as f64 / std::fs::metadata(path).unwrap().len() as f64;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     match &later_part {
-        Some(r) => println!("| ingest (read + model), a second thread reading {:.0}% of the file | {ing:.2} s | |", share(r)),
-        None => println!("| ingest (read + model; it did not split) | {ing:.2} s | |"),
+        Some(r) => println!(
+            "| ingest (read + model), {cores} cores: in two parts, a second thread reading {:.0}% of the file | {ing:.2} s | |",
+            share(r)
+        ),
+        None => println!("| ingest (read + model), {cores} cores: in one part | {ing:.2} s | |"),
     }
-    println!("| ingest in one part (alternated with the above) | {:.2} s | |", common::median(one_part_s));
+    let other = if later_part.is_some() { "one part" } else { "two parts (not the default on 2 cores)" };
+    println!("| ingest in {other}, alternated with the above | {:.2} s | |", common::median(other_s));
     println!(
         "| replay index + all series + analysis | {ana:.2} s ({:.0}% of ingest) | at most 50% of ingest |",
         100.0 * ana / ing

@@ -280,9 +280,12 @@ fn fail(file: &std::path::Path, e: IngestError) -> ExitCode {
 }
 
 fn analyze(file: &std::path::Path, json: bool, capacity: Option<u64>) -> Result<(), IngestError> {
-    let ingested = ingest::ingest_path(file, &ingest::Options::default())?;
     let options = analysis::Options { capacity };
-    let analyzed = analysis::analyze_with(&ingested.snapshot, ingested.source, analysis::Depth::Report, options);
+    // The analysis runs while the file's hash is finished; its source is filled in after.
+    let (ingested, mut analyzed) = ingest::ingest_path_then(file, &ingest::Options::default(), |snapshot| {
+        analysis::analyze_with(snapshot, crate::snapshot::Source::default(), analysis::Depth::Report, options)
+    })?;
+    analyzed.analysis.source = ingested.source;
     let analysis = &analyzed.analysis;
     // The process ends right after printing: freeing the model piece by piece would only cost
     // time (a tenth of a second on a 243 MiB snapshot), so leave it to the OS.

@@ -9,14 +9,20 @@ use std::sync::atomic::Ordering;
 use sha2::{Digest, Sha256};
 
 use crate::reader::{self, Split};
-use crate::snapshot::{SnapshotSink, Source};
+use crate::snapshot::{Snapshot, SnapshotSink, Source};
 
 use super::{IngestError, Ingested, Options, TwoParts, model};
 
 /// Bytes hashed at a time.
 const CHUNK: usize = 256 << 10;
 
-pub(super) fn ingest(path: &Path, len: u64, parts: TwoParts, options: &Options) -> Result<Ingested, IngestError> {
+pub(super) fn ingest<T>(
+    path: &Path,
+    len: u64,
+    parts: TwoParts,
+    options: &Options,
+    then: impl FnOnce(&Snapshot) -> T,
+) -> Result<(Ingested, T), IngestError> {
     return_big_blocks_when_freed();
     let mut file = std::fs::File::open(path).map_err(IngestError::Io)?;
     let progress = options.progress.clone();
@@ -53,8 +59,14 @@ pub(super) fn ingest(path: &Path, len: u64, parts: TwoParts, options: &Options) 
     };
     let mut sink = SnapshotSink::new(options.max_events);
     let parsed = reader::read_pickle_split(split, &options.limits, &mut sink);
+    // The hash is finished beside the model's build and `then`: the parts leave it little of
+    // either core while they read.
+    let made = model(parsed, sink, "").map(|m| {
+        let out = then(&m.snapshot);
+        (m, out)
+    });
     let hashed = hashing.join().map_err(|_| IngestError::Io(std::io::Error::other("hashing thread failed")));
-    let m = model(parsed, sink, "")?;
+    let (m, out) = made?;
     let (sha256, bytes) = hashed?.map_err(IngestError::Io)?;
     let source = Source {
         bytes,
@@ -63,7 +75,7 @@ pub(super) fn ingest(path: &Path, len: u64, parts: TwoParts, options: &Options) 
         compression: "none".to_string(),
         pickle_protocol: m.protocol,
     };
-    Ok(Ingested { snapshot: m.snapshot, source, fast_dicts: m.fast_dicts, later_part: m.later_part })
+    Ok((Ingested { snapshot: m.snapshot, source, fast_dicts: m.fast_dicts, later_part: m.later_part }, out))
 }
 
 /// The hash is needed only at the end, the parts all along: on a machine of two cores, the

@@ -121,7 +121,7 @@ impl Snapshot {
 }
 
 /// What the file was, as reported under `source` in the analysis.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Source {
     /// Size of the upload as received (before decompression).
     pub bytes: u64,
