@@ -73,8 +73,11 @@ pub struct SnapshotSink {
     /// A sink forked for the later part of a split read (`join.rs`): what it started from.
     /// Its events go in chunks, so that taking them in never holds two copies.
     forked: Option<join::Forked>,
+    /// Faults the event column's next pages in on another thread.
+    ahead: ahead::Ahead,
 }
 
+mod ahead;
 mod join;
 
 impl SnapshotSink {
@@ -99,6 +102,7 @@ impl SnapshotSink {
             recent_frames: Default::default(),
             unknown_actions: Vec::new(),
             forked: None,
+            ahead: ahead::Ahead::default(),
         }
     }
 

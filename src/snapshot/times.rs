@@ -28,6 +28,11 @@ pub struct Times {
 }
 
 impl Times {
+    /// The column of offsets, one per event (for `sink::ahead`).
+    pub(super) fn offsets(&self) -> &Vec<u32> {
+        &self.offsets
+    }
+
     /// Appends the next event's time.
     #[inline]
     pub fn push(&mut self, time: Option<i64>) {

@@ -61,6 +61,7 @@ impl SnapshotSink {
                 chunked: 0,
                 maps: None,
             }),
+            ahead: super::ahead::Ahead::default(),
         }
     }
 
@@ -68,6 +69,10 @@ impl SnapshotSink {
     #[inline(always)]
     pub(super) fn push_event(&mut self, event: Event) {
         self.events.push(event);
+        if self.events.len().is_multiple_of(super::ahead::STEP) {
+            self.ahead.request(&self.events);
+            self.ahead.request(self.times.offsets());
+        }
         if let Some(f) = &mut self.forked
             && self.events.len() == CHUNK
         {
@@ -158,7 +163,12 @@ impl SnapshotSink {
             if same {
                 self.events.extend_from_slice(&events);
             } else {
-                let map = |e: &Event| Event { stack: stack(e.stack), stream: stream(e.stream), action: action(e.action), ..*e };
+                let map = |e: &Event| Event {
+                    stack: stack(e.stack),
+                    stream: stream(e.stream),
+                    action: action(e.action),
+                    ..*e
+                };
                 self.events.extend(events.iter().map(map));
             }
             self.times.extend_from(&times);
