@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::reader::{Heap, Kind, Parsed, Value};
 
-use super::expansion::{MAX_SEGMENTS, MIN_BLOCK, repeated, take};
+use super::expansion::{MAX_SEGMENTS, MIN_BLOCK, repeated, take, take_run};
 use super::sink::{STACK_TAG, SnapshotSink, found};
 
 use super::{
@@ -62,8 +62,7 @@ pub fn build(parsed: Parsed, mut sink: SnapshotSink) -> Result<Snapshot, ModelEr
         Some(v) => w.annotations(v)?,
         None => Vec::new(),
     };
-    let (mut devices, events, times, extras) =
-        split_devices(by_device, traces, sink.events, sink.times, sink.extras);
+    let (mut devices, events, times, extras) = split_devices(by_device, traces, sink.events, sink.times, sink.extras);
     let mut warnings = Vec::new();
     for d in &mut devices {
         warnings.extend(super::validate::repair(d).into_iter().map(|w| format!("device {}: {w}", d.device)));
@@ -89,19 +88,17 @@ pub fn build(parsed: Parsed, mut sink: SnapshotSink) -> Result<Snapshot, ModelEr
 /// pairs each device's segments with its trace.
 fn split_devices(
     mut by_device: BTreeMap<i64, Vec<Segment>>,
-    traces: Vec<Vec<u32>>,
+    traces: Vec<Trace>,
     events: Vec<Event>,
     times: super::Times,
     extras: Vec<Extra>,
 ) -> (Vec<Device>, Vec<Event>, super::Times, Vec<Extra>) {
-    let in_order = traces.iter().flatten().enumerate().all(|(i, &e)| i as u32 == e)
-        && traces.iter().map(|t| t.len()).sum::<usize>() == events.len();
-    let (events, times, extras) = if in_order {
+    let (events, times, extras) = if in_order(&traces, events.len()) {
         (events, times, extras)
     } else {
         let mut new_index = HashMap::new();
         let mut out = Vec::with_capacity(traces.iter().map(|t| t.len()).sum());
-        for &e in traces.iter().flatten() {
+        for e in traces.iter().flat_map(Trace::ids) {
             new_index.entry(e).or_insert(out.len() as u32);
             out.push(events[e as usize]);
         }
@@ -109,7 +106,7 @@ fn split_devices(
             extras.into_iter().filter_map(|x| Some(Extra { event: *new_index.get(&x.event)?, ..x })).collect();
         // Kept in event order, so one event's extras are found by binary search.
         extras.sort_by_key(|x| x.event);
-        let times = times.reordered(traces.iter().flatten().map(|&e| e as usize));
+        let times = times.reordered(traces.iter().flat_map(Trace::ids).map(|e| e as usize));
         (out, times, extras)
     };
     let mut devices = Vec::new();
@@ -118,7 +115,7 @@ fn split_devices(
         let segments = by_device.remove(&(d as i64)).unwrap_or_default();
         let range = start..start + trace.len();
         start = range.end;
-        if !segments.is_empty() || !trace.is_empty() {
+        if !segments.is_empty() || trace.len() != 0 {
             devices.push(Device { device: d as i64, segments, events: range });
         }
     }
@@ -132,6 +129,49 @@ fn split_devices(
     (devices, events, times, extras)
 }
 
+/// One device's trace, by folded event ids: as torch writes it, one run of them.
+enum Trace {
+    Run(std::ops::Range<u32>),
+    Listed(Vec<u32>),
+}
+
+impl Trace {
+    fn len(&self) -> usize {
+        match self {
+            Trace::Run(r) => r.len(),
+            Trace::Listed(ids) => ids.len(),
+        }
+    }
+
+    fn ids(&self) -> Box<dyn Iterator<Item = u32> + '_> {
+        match self {
+            Trace::Run(r) => Box::new(r.clone()),
+            Trace::Listed(ids) => Box::new(ids.iter().copied()),
+        }
+    }
+}
+
+/// Whether the traces list every event once, in the order they were folded.
+fn in_order(traces: &[Trace], events: usize) -> bool {
+    let mut next = 0u32;
+    for t in traces {
+        match t {
+            Trace::Run(r) if r.is_empty() => {}
+            Trace::Run(r) if r.start == next => next = r.end,
+            Trace::Run(_) => return false,
+            Trace::Listed(ids) => {
+                for &e in ids {
+                    if e != next {
+                        return false;
+                    }
+                    next += 1;
+                }
+            }
+        }
+    }
+    next as usize == events
+}
+
 struct Walker<'a> {
     heap: &'a Heap,
     sink: &'a mut SnapshotSink,
@@ -141,7 +181,6 @@ struct Walker<'a> {
     seen: foldhash::HashSet<u32>,
     segments: usize,
 }
-
 
 impl Walker<'_> {
     fn list(&self, v: Value, path: &str) -> Result<Vec<Value>, ModelError> {
@@ -260,7 +299,10 @@ impl Walker<'_> {
         if block_values.len() as u64 > total_size / MIN_BLOCK + 1 {
             return Err(ModelError::new(
                 format!("{}.blocks", path()),
-                format!("at most {} blocks (one per {MIN_BLOCK} bytes of its {total_size})", total_size / MIN_BLOCK + 1),
+                format!(
+                    "at most {} blocks (one per {MIN_BLOCK} bytes of its {total_size})",
+                    total_size / MIN_BLOCK + 1
+                ),
                 format!("{} blocks", block_values.len()),
             ));
         }
@@ -302,7 +344,7 @@ impl Walker<'_> {
     }
 
     /// Each device's trace as indexes of folded events.
-    fn traces(&self, v: Value) -> Result<Vec<Vec<u32>>, ModelError> {
+    fn traces(&self, v: Value) -> Result<Vec<Trace>, ModelError> {
         let mut out = Vec::new();
         // Which folded entries a trace has listed: each may be listed once, on one device.
         let mut taken = vec![0u64; self.sink.events.len().div_ceil(64)];
@@ -311,14 +353,13 @@ impl Walker<'_> {
             if let Value::Node(id) = trace
                 && let (Kind::List, Some(run)) =
                     (self.heap.kind(id), self.heap.folded_run(id).filter(|r| r.end <= STACK_TAG))
-                {
-                    let run: Vec<u32> = run.collect();
-                    if let Some(j) = run.iter().position(|&f| !take(&mut taken, f)) {
-                        return Err(repeated(format!("{path}[{j}]"), "trace entry"));
-                    }
-                    out.push(run);
-                    continue;
+            {
+                if let Some(j) = take_run(&mut taken, run.clone()) {
+                    return Err(repeated(format!("{path}[{j}]"), "trace entry"));
                 }
+                out.push(Trace::Run(run));
+                continue;
+            }
             let mut events = Vec::new();
             for (j, e) in self.list(trace, &path)?.into_iter().enumerate() {
                 match e {
@@ -341,7 +382,7 @@ impl Walker<'_> {
                     }
                 }
             }
-            out.push(events);
+            out.push(Trace::Listed(events));
         }
         Ok(out)
     }
