@@ -182,6 +182,22 @@ pub fn analyze_with(snapshot: &Snapshot, source: Source, depth: Depth, options: 
     Analyzed { analysis, replays, timelines, indexes }
 }
 
+/// While the other thread faults the series in, each time this one grows the heap (the
+/// replay's checkpoints: about 240 times on big_trace, by 128 KiB) it waits for that thread's
+/// hold on the memory map: 0.17 s for the serving analysis instead of 0.13. Growing it by
+/// 16 MiB at a time makes those waits few; a process that serves keeps that much more memory.
+/// The command line's report depth faults nothing in and keeps glibc's default.
+fn grow_the_heap_in_big_steps() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        // SAFETY: mallopt only sets a tuning parameter of the allocator.
+        ONCE.call_once(|| unsafe {
+            libc::mallopt(libc::M_TOP_PAD, 16 << 20);
+        });
+    }
+}
+
 /// The observers of one forward pass.
 struct Pass<'a, 'p> {
     timeline: &'p mut Timeline,
@@ -229,6 +245,9 @@ fn analyze_device(
     // Outside the scope, so that its memory outlives the thread that faults it in.
     let mut timeline = Timeline::new(if serve { events.len() } else { 0 });
     let unwritten = timeline.unwritten();
+    if serve {
+        grow_the_heap_in_big_steps();
+    }
     let (replay, pass_rest, side) = std::thread::scope(|scope| {
         let (tx_before, rx_before) = std::sync::mpsc::channel();
         let (tx_ready, rx_ready) = std::sync::mpsc::channel();
