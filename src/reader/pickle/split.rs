@@ -131,6 +131,9 @@ struct Running<S> {
     target: u64,
     cancel: Arc<AtomicBool>,
     done: mpsc::Receiver<Option<Box<Later<S>>>>,
+    /// The later part's thread, joined when the earlier part drops it, so that no copy of
+    /// the state outlives the read.
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// What the later part read: up to `end`, the list's end or the first entry that needs a
@@ -159,8 +162,13 @@ impl<S> Running<S> {
 }
 
 impl<S> Drop for Running<S> {
+    /// The later part stops at its next batch (or walk step) once cancelled; a read it
+    /// finished or gave up has already sent its answer into a channel that holds it.
     fn drop(&mut self) {
         self.cancel.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -257,10 +265,10 @@ fn start<S: Sink + Send + 'static>(
         found: found_tx,
         cancel: cancel.clone(),
     };
-    if std::thread::Builder::new().name("later part".into()).spawn(move || tx.send(later.read().map(Box::new))).is_err()
-    {
-        return Fork::Never;
-    }
+    let spawned = std::thread::Builder::new().name("later part".into()).spawn(move || {
+        let _ = tx.send(later.read().map(Box::new));
+    });
+    let Ok(thread) = spawned else { return Fork::Never };
     Fork::Started(Running {
         jump: jump.clone(),
         list,
@@ -274,6 +282,7 @@ fn start<S: Sink + Send + 'static>(
         target,
         cancel,
         done,
+        thread: Some(thread),
     })
 }
 
