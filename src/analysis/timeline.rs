@@ -108,30 +108,16 @@ pub struct Unwritten([std::ops::Range<usize>; 5]);
 
 impl Unwritten {
     /// Faults in the pages the series will fill, a few MiB of each column in turn, ahead of
-    /// the replay that writes them: the first write to each page of memory costs the kernel
-    /// a fault and a page of zeros (a tenth of the serving replay's time on big_trace), which
-    /// this does on the other core instead.
-    ///
-    /// `MADV_POPULATE_WRITE` maps the pages that are not mapped yet, as zeros, and leaves
-    /// those already written alone; it reads and writes none of the values, so the replay
-    /// writing the same columns meanwhile is no race. Where the kernel lacks it (before Linux
-    /// 5.14) it fails and nothing happens.
+    /// the replay that writes them ([`crate::pages::populate_write`]): the first write to each
+    /// page costs a fault and a page of zeros (a tenth of the serving replay's time on
+    /// big_trace), which this pays on the other core instead.
     pub fn prefault(&self) {
-        #[cfg(target_os = "linux")]
-        {
-            const PAGE: usize = 4096;
-            const STEP: usize = 4 << 20;
-            let longest = self.0.iter().map(|r| r.len()).max().unwrap_or(0);
-            for at in (0..longest).step_by(STEP) {
-                for r in &self.0 {
-                    let start = (r.start + at).next_multiple_of(PAGE);
-                    let end = (r.start + at + STEP).min(r.end) / PAGE * PAGE;
-                    if end > start {
-                        // SAFETY: the range lies in a column's allocated capacity (the caller
-                        // keeps the timeline until this returns); no value is touched (above).
-                        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_POPULATE_WRITE) };
-                    }
-                }
+        const STEP: usize = 4 << 20;
+        let longest = self.0.iter().map(|r| r.len()).max().unwrap_or(0);
+        for at in (0..longest).step_by(STEP) {
+            for r in &self.0 {
+                // The caller keeps the timeline until this returns: the ranges stay its columns'.
+                crate::pages::populate_write((r.start + at).min(r.end)..(r.start + at + STEP).min(r.end));
             }
         }
     }

@@ -23,7 +23,11 @@ pub(super) fn ingest<T>(
     options: &Options,
     then: impl FnOnce(&Snapshot) -> T,
 ) -> Result<(Ingested, T), IngestError> {
-    return_big_blocks_when_freed();
+    // The second part's thread allocates in a malloc arena of its own, and the first part
+    // frees what it took in (chunks of a few MB). glibc's mmap threshold rises to the size of
+    // each block freed, so those chunks would stay in that arena, resident, for the rest of the
+    // process, and peak memory would grow by them.
+    crate::pages::return_blocks_from(256 << 10);
     let mut file = std::fs::File::open(path).map_err(IngestError::Io)?;
     let progress = options.progress.clone();
     let hashing = std::thread::spawn(move || -> std::io::Result<(String, u64)> {
@@ -86,21 +90,5 @@ fn yield_to_the_parts() {
     // SAFETY: setpriority with PRIO_PROCESS and 0 changes only the calling thread's nice value.
     unsafe {
         libc::setpriority(libc::PRIO_PROCESS, 0, 10);
-    }
-}
-
-/// The second part's thread allocates in a malloc arena of its own, and the first part frees
-/// what it took in (chunks of a few MB). glibc's mmap threshold rises to the size of each
-/// block freed, so those chunks would be kept in that arena, resident, for the rest of the
-/// process, and peak memory would grow by them. A fixed threshold returns such blocks to the
-/// system as they are freed.
-fn return_big_blocks_when_freed() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        // SAFETY: mallopt only sets a tuning parameter of the allocator.
-        ONCE.call_once(|| unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
-        });
     }
 }

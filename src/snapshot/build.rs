@@ -115,7 +115,7 @@ fn split_devices(
         let segments = by_device.remove(&(d as i64)).unwrap_or_default();
         let range = start..start + trace.len();
         start = range.end;
-        if !segments.is_empty() || trace.len() != 0 {
+        if !segments.is_empty() || !trace.is_empty() {
             devices.push(Device { device: d as i64, segments, events: range });
         }
     }
@@ -141,6 +141,10 @@ impl Trace {
             Trace::Run(r) => r.len(),
             Trace::Listed(ids) => ids.len(),
         }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     fn ids(&self) -> Box<dyn Iterator<Item = u32> + '_> {

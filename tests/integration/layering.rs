@@ -7,13 +7,14 @@ use std::collections::BTreeSet;
 /// The stages in data-flow order, each with the modules it may use (all earlier in the list).
 const ALLOWED: &[(&str, &[&str])] = &[
     ("units", &[]),
+    ("pages", &[]),
     ("config", &[]),
     ("reader", &[]),
-    ("snapshot", &["reader"]),
-    ("ingest", &["reader", "snapshot"]),
+    ("snapshot", &["pages", "reader"]),
+    ("ingest", &["pages", "reader", "snapshot"]),
     ("replay", &["snapshot"]),
     ("simulate", &["snapshot", "replay"]),
-    ("analysis", &["units", "snapshot", "replay", "simulate"]),
+    ("analysis", &["units", "pages", "snapshot", "replay", "simulate"]),
     ("store", &["snapshot", "analysis"]),
     ("service", &["ingest", "snapshot", "replay", "analysis", "store"]),
     // web maps ingest's errors to HTTP statuses; it never reaches the reader.
