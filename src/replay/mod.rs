@@ -112,6 +112,13 @@ impl Start {
         &self.init.state
     }
 
+    /// Whether any segment of the replay can be in a private pool (a CUDA graph's or a
+    /// MemPool's). A segment's pool comes from the final segments or is a default one, so
+    /// where no final segment is private, no state of the replay holds a private segment.
+    pub fn private_pools(&self) -> bool {
+        self.hints.0.values().any(|h| h.1.id != (0, 0))
+    }
+
     /// Replays the trace forwards once, showing every step to `observer`; with `checkpoints`,
     /// keeps them for [`Replay::state_at`].
     pub fn run(self, snapshot: &Snapshot, device: &Device, observer: &mut dyn Observer, checkpoints: bool) -> Replay {

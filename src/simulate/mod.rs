@@ -12,11 +12,11 @@
 
 pub(crate) mod allocator;
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 
 use serde::Serialize;
 
-use crate::replay::{Observer, Replay, Rules, State};
+use crate::replay::{Observer, Rules, Start, State};
 use crate::snapshot::sites;
 use crate::snapshot::{Action, BlockState, Device, Event, Snapshot, StackId};
 use allocator::Allocator;
@@ -175,8 +175,10 @@ struct Reuse {
 const MEMPOOL: u32 = u32::MAX;
 
 impl Sim<'_> {
-    fn pool_of(&mut self, state: &State, address: u64) -> u32 {
-        let Some(b) = state.block_at(address) else { return 0 };
+    /// The model's pool for a block the replayed `state` holds at `address`; without a state
+    /// (no private pools in the trace), the default pool.
+    fn pool_of(&mut self, state: Option<&State>, address: u64) -> u32 {
+        let Some((state, b)) = state.and_then(|s| Some((s, s.block_at(address)?))) else { return 0 };
         let id = state.segment(state.block(b).segment).pool.id;
         if id == (0, 0) {
             return 0;
@@ -192,25 +194,26 @@ impl Sim<'_> {
     fn request(&mut self, index: usize, address: Option<u64>, size: u64, stream: u16, stack: StackId, pool: u32) {
         let snapshot = self.snapshot;
         if let Some(r) = &mut self.reuse
-            && Self::matches(snapshot, &mut r.matches, &r.site, stack) {
-                let buffer = match r.idle.pop() {
-                    Some(i) => i,
-                    None => match self.alloc.malloc(r.size, stream, pool) {
-                        Some(b) => {
-                            r.buffers.push(b);
-                            r.buffers.len() - 1
-                        }
-                        None => {
-                            let size = r.size;
-                            return self.fail(index, size);
-                        }
-                    },
-                };
-                if let Some(a) = address {
-                    self.tags.insert(a, Tag::Buffer(buffer));
-                }
-                return;
+            && Self::matches(snapshot, &mut r.matches, &r.site, stack)
+        {
+            let buffer = match r.idle.pop() {
+                Some(i) => i,
+                None => match self.alloc.malloc(r.size, stream, pool) {
+                    Some(b) => {
+                        r.buffers.push(b);
+                        r.buffers.len() - 1
+                    }
+                    None => {
+                        let size = r.size;
+                        return self.fail(index, size);
+                    }
+                },
+            };
+            if let Some(a) = address {
+                self.tags.insert(a, Tag::Buffer(buffer));
             }
+            return;
+        }
         let private = match &mut self.mempool {
             Some((site, cache)) => Self::matches(snapshot, cache, site, stack),
             None => false,
@@ -280,7 +283,7 @@ impl Observer for Sim<'_> {
             for b in initial.block_ids(s) {
                 let blk = initial.block(b);
                 if blk.state != BlockState::Inactive {
-                    let pool = self.pool_of(initial, blk.address);
+                    let pool = self.pool_of(Some(initial), blk.address);
                     let keep = self.shrink.as_ref().and_then(|s| s.before.get(&blk.address).copied()).unwrap_or(100);
                     let size = Shrink::apply(blk.size, keep);
                     let stream = initial.segment(s).stream;
@@ -291,24 +294,45 @@ impl Observer for Sim<'_> {
     }
 
     fn event(&mut self, index: usize, e: &Event, state: &State) {
-        if self.oom.is_some() {
+        if self.oom.is_none() {
+            self.step(index, e, Some(state));
+        }
+    }
+}
+
+impl Sim<'_> {
+    /// Feeds the model the trace. Only a request's pool needs the replay's state at each
+    /// event; without private pools every request goes to the default one, and the state
+    /// before the trace is all the model needs from the replay (a fifth of the time saved).
+    fn run(&mut self, device: &Device) {
+        let start = Start::derive(self.snapshot, device);
+        if start.private_pools() {
+            start.run(self.snapshot, device, self, false);
             return;
         }
+        self.start(start.initial());
+        for (i, e) in self.events.iter().enumerate() {
+            if self.oom.is_some() {
+                break;
+            }
+            self.step(i, e, None);
+        }
+    }
+
+    fn shrunk(&self, index: usize, size: u64) -> u64 {
+        let keep = self.shrink.as_ref().and_then(|s| s.events.get(index).copied()).unwrap_or(100);
+        Shrink::apply(size, keep)
+    }
+
+    fn step(&mut self, index: usize, e: &Event, state: Option<&State>) {
         self.replayed = index as u64 + 1;
         self.event_inner(index, e, state);
         if let Some(t) = &mut self.trace {
             t.push(self.alloc.reserved);
         }
     }
-}
 
-impl Sim<'_> {
-    fn shrunk(&self, index: usize, size: u64) -> u64 {
-        let keep = self.shrink.as_ref().and_then(|s| s.events.get(index).copied()).unwrap_or(100);
-        Shrink::apply(size, keep)
-    }
-
-    fn event_inner(&mut self, index: usize, e: &Event, state: &State) {
+    fn event_inner(&mut self, index: usize, e: &Event, state: Option<&State>) {
         match e.action {
             Action::ALLOC => {
                 let pool = self.pool_of(state, e.addr);
@@ -343,13 +367,15 @@ pub fn simulate(snapshot: &Snapshot, device: &Device, settings: &Settings) -> Re
         Reuse { site: site.clone(), matches, size, buffers: Vec::new(), idle: Vec::new() }
     });
     if let Some(r) = &reuse
-        && r.size == 0 {
-            return Err(format!("no allocation in the trace comes from {:?}", r.site));
-        }
+        && r.size == 0
+    {
+        return Err(format!("no allocation in the trace comes from {:?}", r.site));
+    }
     if let Some(site) = &settings.mempool
-        && !events.iter().any(|e| e.action == Action::ALLOC && site_matches(snapshot, e.stack, site)) {
-            return Err(format!("no allocation in the trace comes from {site:?}"));
-        }
+        && !events.iter().any(|e| e.action == Action::ALLOC && site_matches(snapshot, e.stack, site))
+    {
+        return Err(format!("no allocation in the trace comes from {site:?}"));
+    }
     let capacity = settings.capacity.or_else(|| implied_budget(device, events));
     let mut sim = Sim {
         trace: None,
@@ -364,7 +390,7 @@ pub fn simulate(snapshot: &Snapshot, device: &Device, settings: &Settings) -> Re
         replayed: 0,
         shrink: settings.shrink.clone(),
     };
-    Replay::run_with(snapshot, device, &mut sim, false);
+    sim.run(device);
     Ok(Outcome {
         device: device.device,
         conf,
@@ -428,6 +454,6 @@ pub fn simulate_traced(snapshot: &Snapshot, device: &Device, settings: &Settings
         replayed: 0,
         shrink: settings.shrink.clone(),
     };
-    Replay::run_with(snapshot, device, &mut sim, false);
+    sim.run(device);
     sim.trace.unwrap_or_default()
 }

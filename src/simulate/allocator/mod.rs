@@ -22,10 +22,13 @@
 //!
 //! Addresses are its own: only sizes and order matter.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use foldhash::{HashMap, HashMapExt};
 
 use crate::replay::rules::{LARGE_BUFFER, Rules, SMALL_BUFFER};
 use crate::replay::slots;
+use free_set::FreeSet;
 
 const NIL: u32 = u32::MAX;
 /// Virtual size of an expandable segment: more than any GPU holds.
@@ -74,7 +77,7 @@ pub struct Allocator {
     spare_blocks: Vec<u32>,
     segments: Vec<Segment>,
     /// Free mapped blocks ordered as torch orders them: pool, stream, size, address.
-    free: BTreeSet<FreeKey>,
+    free: FreeSet,
     /// Unmapped blocks of expandable segments: pool, stream, address.
     unmapped: BTreeSet<(PoolKey, u16, u64, u32)>,
     expandable: HashMap<(PoolKey, u16), u32>,
@@ -93,7 +96,7 @@ impl Allocator {
             blocks: Vec::new(),
             spare_blocks: Vec::new(),
             segments: Vec::new(),
-            free: BTreeSet::new(),
+            free: FreeSet::default(),
             unmapped: BTreeSet::new(),
             expandable: HashMap::new(),
             next_addr: 0x7f00_0000_0000,
@@ -169,8 +172,8 @@ impl Allocator {
     /// The best fit of the pool and stream, under the `max_split_size` rules (torch looks at
     /// the best fit only).
     fn free_block(&mut self, key: PoolKey, stream: u16, rounded: u64) -> Option<u32> {
-        let mut fits = self.free.range((key, stream, rounded, 0, 0)..).take_while(|c| (c.0, c.1) == (key, stream));
-        let mut cand = *fits.next()?;
+        let mut fits = self.free.at_least(key, stream, rounded);
+        let mut cand = fits.next()?;
         if self.rules.expandable_segments {
             // A block that could grow into unmapped space counts as that much bigger, so the
             // search moves on while the next fit would be tighter.
@@ -183,13 +186,15 @@ impl Allocator {
                         0
                     }
             };
-            for &next in fits {
+            for next in fits {
                 if grown(self, next.4) < grown(self, cand.4) {
                     cand = next;
                 } else {
                     break;
                 }
             }
+        } else {
+            drop(fits);
         }
         let max_split = self.rules.max_split_size;
         if rounded < max_split && cand.2 >= max_split {
@@ -289,14 +294,15 @@ impl Allocator {
             return false;
         }
         let want = rounded.max(max_split);
-        if let Some(&c) = self.free.range((key, stream, want, 0, 0)..).next()
-            && (c.0, c.1) == (key, stream) && self.whole_fixed(c.4) {
-                self.release_segment(c.4);
-                return true;
-            }
+        let best = self.free.at_least(key, stream, want).next();
+        if let Some(c) = best
+            && self.whole_fixed(c.4)
+        {
+            self.release_segment(c.4);
+            return true;
+        }
         let mut released = 0;
-        let candidates: Vec<FreeKey> =
-            self.free.range((key, stream, 0, 0, 0)..(key, stream, want, 0, 0)).rev().copied().collect();
+        let candidates: Vec<FreeKey> = self.free.below_largest_first(key, stream, want).collect();
         for c in candidates {
             if released >= want || c.2 < max_split {
                 break;
@@ -312,7 +318,7 @@ impl Allocator {
     /// `release_cached_blocks` (also `torch.cuda.empty_cache()`): free every cached block that is
     /// a whole fixed segment, and unmap the whole free pages of expandable segments.
     pub fn release_cached(&mut self) {
-        let all: Vec<FreeKey> = self.free.iter().copied().collect();
+        let all: Vec<FreeKey> = self.free.iter().collect();
         for c in all {
             if self.whole_fixed(c.4) {
                 self.release_segment(c.4);
@@ -353,7 +359,7 @@ impl Allocator {
         }
         let target = self.reserved - threshold;
         let mut freeable: Vec<FreeKey> =
-            self.free.iter().filter(|c| !c.0.small && c.0.private == 0 && self.whole_fixed(c.4)).copied().collect();
+            self.free.iter().filter(|c| !c.0.small && c.0.private == 0 && self.whole_fixed(c.4)).collect();
         let mut reclaimed = 0;
         while reclaimed < target && !freeable.is_empty() {
             let avg =
@@ -385,6 +391,7 @@ impl Allocator {
 }
 
 mod expandable;
+mod free_set;
 
 #[cfg(test)]
 mod tests {
