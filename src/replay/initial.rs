@@ -14,7 +14,7 @@ use foldhash::{HashMap, HashMapExt};
 use super::apply::{SegmentHints, guess_pool};
 use super::rules::Rules;
 use super::state::{BlockRec, NIL, SegmentRec, State};
-use crate::snapshot::{Action, BlockState, Device, EMPTY_STACK, Event, Pool, PoolKind, StackId};
+use crate::snapshot::{Action, Block, BlockState, Device, EMPTY_STACK, Event, Pool, PoolKind, StackId};
 
 struct Live {
     size: Option<u64>,
@@ -22,6 +22,17 @@ struct Live {
     state: BlockState,
     stack: StackId,
 }
+
+/// A block the backward pass holds live, packed in one word: the index of the final block
+/// ([`FINAL`]) or of the free event it was met at, and whether a `free_requested` was met
+/// ([`REQUESTED`]: the block was still allocated). [`GONE`]: its `alloc` was met, so it was
+/// not live before. An address stays in the map once seen: taking it out at each `alloc` and
+/// putting it back at the next free left a trail of deleted slots that the table kept
+/// cleaning up, and the pass took four times as long.
+type Found = u64;
+const FINAL: Found = 1 << 32;
+const REQUESTED: Found = 1 << 33;
+const GONE: Found = u64::MAX;
 
 /// The derived initial state, whether it was empty, and what could not be placed.
 pub struct Initial {
@@ -33,7 +44,8 @@ pub struct Initial {
 pub fn derive(device: &Device, events: &[Event], rules: &Rules, hints: &dyn SegmentHints) -> Initial {
     let mut segs: BTreeMap<u64, SegmentRec> = BTreeMap::new();
     let mut mapped: Vec<(u64, u64, SegmentRec)> = Vec::new();
-    let mut live: HashMap<u64, Live> = HashMap::new();
+    let mut live: HashMap<u64, Found> = HashMap::new();
+    let mut finals = Vec::new();
     for s in &device.segments {
         let rec = SegmentRec::from_segment(s);
         if s.is_expandable {
@@ -42,13 +54,11 @@ pub fn derive(device: &Device, events: &[Event], rules: &Rules, hints: &dyn Segm
             segs.insert(s.address, rec);
         }
         for b in s.blocks.iter().filter(|b| b.state.is_active()) {
-            live.insert(
-                b.address,
-                Live { size: Some(b.size), requested: b.requested_size, state: b.state, stack: b.stack },
-            );
+            live.insert(b.address, FINAL | finals.len() as Found);
+            finals.push(b);
         }
     }
-    for e in events.iter().rev() {
+    for (i, e) in events.iter().enumerate().rev() {
         match e.action {
             Action::SEGMENT_ALLOC => {
                 segs.remove(&e.addr);
@@ -73,28 +83,27 @@ pub fn derive(device: &Device, events: &[Event], rules: &Rules, hints: &dyn Segm
                 interval_add(&mut mapped, e.addr, e.addr + e.size, rec);
             }
             Action::ALLOC => {
-                live.remove(&e.addr);
+                if let Some(found) = live.get_mut(&e.addr) {
+                    *found = GONE;
+                }
             }
             Action::FREE_REQUESTED => {
-                let entry = live.entry(e.addr).or_insert(Live {
-                    size: None,
-                    requested: e.size,
-                    state: BlockState::ActiveAllocated,
-                    stack: EMPTY_STACK,
-                });
-                entry.state = BlockState::ActiveAllocated;
+                let found = live.entry(e.addr).or_insert(GONE);
+                if *found == GONE {
+                    *found = i as Found;
+                }
+                *found |= REQUESTED;
             }
             Action::FREE_COMPLETED => {
-                live.entry(e.addr).or_insert(Live {
-                    size: None,
-                    requested: e.size,
-                    state: BlockState::ActivePendingFree,
-                    stack: EMPTY_STACK,
-                });
+                let found = live.entry(e.addr).or_insert(GONE);
+                if *found == GONE {
+                    *found = i as Found;
+                }
             }
             _ => {}
         }
     }
+    live.retain(|_, found| *found != GONE);
     let empty = segs.is_empty() && mapped.is_empty() && live.is_empty();
     let mut state = State::new();
     for (_, rec) in segs {
@@ -104,15 +113,32 @@ pub fn derive(device: &Device, events: &[Event], rules: &Rules, hints: &dyn Segm
         state.insert_segment(SegmentRec { address: lo, size: hi - lo, ..rec }, vec![BlockRec::free(lo, hi - lo)]);
     }
     let mut warnings = Vec::new();
-    let mut blocks: Vec<(u64, Live)> = live.into_iter().collect();
+    let mut blocks: Vec<(u64, Found)> = live.into_iter().collect();
     blocks.sort_by_key(|(a, _)| *a);
-    for (address, b) in blocks {
+    for (address, found) in blocks {
+        let b = unpack(found, &finals, events);
         let size = b.size.unwrap_or_else(|| rules.round_size(b.requested));
         if !place(&mut state, address, size, &b) {
             warnings.push(format!("block {address:#x} live before the trace does not fit the segments there"));
         }
     }
     Initial { state, empty, warnings }
+}
+
+/// A block's facts from where the backward pass found it: a final block's are whole; a free
+/// event tells only the request, and that the block was pending until freed.
+fn unpack(found: Found, finals: &[&Block], events: &[Event]) -> Live {
+    let index = found as u32 as usize;
+    let mut live = if found & FINAL != 0 {
+        let b = finals[index];
+        Live { size: Some(b.size), requested: b.requested_size, state: b.state, stack: b.stack }
+    } else {
+        Live { size: None, requested: events[index].size, state: BlockState::ActivePendingFree, stack: EMPTY_STACK }
+    };
+    if found & REQUESTED != 0 {
+        live.state = BlockState::ActiveAllocated;
+    }
+    live
 }
 
 fn place(state: &mut State, address: u64, size: u64, b: &Live) -> bool {
