@@ -132,6 +132,15 @@ pub struct StepPeaks {
 }
 
 impl StepPeaks {
+    /// The same from a whole series of allocated bytes, one value per event.
+    pub fn from_allocated(phases: &Phases, allocated: &[u64]) -> StepPeaks {
+        let mut peaks = StepPeaks::default();
+        for (index, &bytes) in allocated.iter().enumerate() {
+            peaks.event(index, phases, bytes);
+        }
+        peaks
+    }
+
     pub fn event(&mut self, index: usize, phases: &Phases, allocated: u64) {
         let (Some(&step), Some(&phase)) = (phases.step.get(index), phases.phase.get(index)) else { return };
         if phases.steps == 0 {

@@ -187,7 +187,8 @@ struct Pass<'a, 'p> {
     timeline: &'p mut Timeline,
     series: bool,
     ooms: OomObserver<'a>,
-    phases: &'p phases::Phases,
+    /// None: the steps' peaks are read from the series afterwards.
+    phases: Option<&'p phases::Phases>,
     steps: breakdown::StepPeaks,
     capture: Option<memory::Capture>,
     /// The replay keeps no checkpoints: the capture keeps copies of its own.
@@ -200,7 +201,9 @@ impl Observer for Pass<'_, '_> {
     }
 
     fn event(&mut self, index: usize, e: &Event, state: &State) {
-        self.steps.event(index, self.phases, state.totals.allocated_bytes);
+        if let Some(phases) = self.phases {
+            self.steps.event(index, phases, state.totals.allocated_bytes);
+        }
         if let Some(c) = &mut self.capture {
             c.event(index, e, state);
         }
@@ -223,8 +226,10 @@ fn analyze_device(
     let rules = replay::Rules::from_settings(snapshot.allocator_settings.as_ref());
     let serve = depth == Depth::Serve;
     // What needs only the events is worked out on the other core while this one derives the
-    // state before the trace and replays: the phases (which the replay's observers read too),
-    // then the series' pages faulted in ahead of the replay, and the rest of `EventsWork`.
+    // state before the trace and replays: the phases (which a report's replay reads too, and
+    // which a server's reads after its series: the backward pass takes a third of their
+    // time, and the replay need not wait), the series' pages faulted in ahead of the replay,
+    // and the rest of `EventsWork`.
     let phases = std::sync::OnceLock::new();
     // Outside the scope, so that its memory outlives the thread that faults it in.
     let mut timeline = Timeline::new(if serve { events.len() } else { 0 });
@@ -242,27 +247,33 @@ fn analyze_device(
         let (tx_ready, rx_ready) = std::sync::mpsc::channel();
         let phases = &phases;
         let side = scope.spawn(move || {
+            // Serving, the replay begins to write the series before the phases are known.
+            unwritten.prefault();
             let ph = phases.get_or_init(|| memory::phases(snapshot, d));
             let _ = tx_ready.send(());
-            unwritten.prefault();
             EventsWork::new(snapshot, d, ph, serve, || rx_before.recv().ok())
         });
         let start = replay::Start::derive(snapshot, d);
         let _ = tx_before.send(memory::live_blocks(start.initial()).cloned().collect());
         // Where the other thread failed, this one works the phases out itself.
-        let _ = rx_ready.recv();
-        let phases = phases.get_or_init(|| memory::phases(snapshot, d));
+        let wait_phases = || {
+            let _ = rx_ready.recv();
+            phases.get_or_init(|| memory::phases(snapshot, d))
+        };
         let mut pass = Pass {
             timeline: &mut timeline,
             series: serve,
             ooms: OomObserver { snapshot, first: d.events.start, ooms: Vec::new(), count: 0, first_state: None },
-            phases,
+            phases: if serve { None } else { Some(wait_phases()) },
             steps: breakdown::StepPeaks::default(),
             capture: None,
             copies: depth == Depth::Report,
         };
         let replay = start.run(snapshot, d, &mut pass, depth != Depth::Report);
-        let Pass { ooms, steps, capture, .. } = pass;
+        let Pass { ooms, mut steps, capture, .. } = pass;
+        if serve {
+            steps = breakdown::StepPeaks::from_allocated(wait_phases(), &timeline.allocated_bytes);
+        }
         (replay, (ooms, steps, capture), side.join().ok().flatten())
     });
     let (mut ooms, mut steps, mut capture) = pass_rest;
