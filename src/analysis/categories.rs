@@ -135,7 +135,9 @@ pub const NEVER: u32 = u32::MAX;
 /// For each alloc event, the event that freed it (`free_requested`, else `free_completed`), or
 /// [`NEVER`]. A plain `u32` per event, not an `Option`: half the memory on a long trace.
 pub fn frees(events: &[Event]) -> Vec<u32> {
-    // Only live blocks are in the map: it stays small however long the trace.
+    // An address stays in the map once seen, its allocation marked freed (NEVER): taking
+    // it out at each free left deleted slots that the table kept cleaning up (see
+    // `replay::initial`). The allocator reuses addresses, so the map stays small.
     let mut open: HashMap<u64, u32> = HashMap::with_capacity(1 << 12);
     let mut out = vec![NEVER; events.len()];
     for (i, e) in events.iter().enumerate() {
@@ -144,8 +146,11 @@ pub fn frees(events: &[Event]) -> Vec<u32> {
                 open.insert(e.addr, i as u32);
             }
             Action::FREE_REQUESTED | Action::FREE_COMPLETED => {
-                if let Some(a) = open.remove(&e.addr) {
-                    out[a as usize] = i as u32;
+                if let Some(a) = open.get_mut(&e.addr)
+                    && *a != NEVER
+                {
+                    out[*a as usize] = i as u32;
+                    *a = NEVER;
                 }
             }
             _ => {}
