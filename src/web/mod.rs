@@ -239,9 +239,14 @@ async fn retention_pass(service: &Service, days: u64) -> usize {
     match service.store.meta.created_before(cutoff).await {
         Ok(ids) => {
             for id in ids {
-                if let Ok(true) = service.delete(&id).await {
-                    deleted += 1;
-                    tracing::info!(id, "deleted: older than the retention period");
+                match service.delete(&id).await {
+                    Ok(true) => {
+                        deleted += 1;
+                        tracing::info!(id, "deleted: older than the retention period");
+                    }
+                    // Deleted meanwhile by its owner.
+                    Ok(false) => {}
+                    Err(e) => tracing::error!(id, error = %e, "retention: could not delete; the next pass tries again"),
                 }
             }
         }

@@ -355,7 +355,7 @@ impl Meta {
     /// Deletes an upload; the number of uploads of the same bytes left, or None when there
     /// was no such upload. The last one takes the content's key and queued analysis with it.
     pub async fn delete(&self, id: &str) -> Result<Option<(String, u64)>, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_transaction().await?;
         let sha: Option<String> =
             sqlx::query_scalar("SELECT sha256 FROM snapshots WHERE id = $1").bind(id).fetch_optional(&mut *tx).await?;
         let Some(sha) = sha else { return Ok(None) };
@@ -385,6 +385,17 @@ impl Meta {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    /// A transaction that reads before it writes. SQLite's default `BEGIN` takes the write
+    /// lock at the first write, and if another connection wrote since this one's first read,
+    /// that fails at once with SQLITE_BUSY instead of waiting (a retention pass lost that race
+    /// with a restart's own writes). `BEGIN IMMEDIATE` takes the lock first, waiting its turn.
+    async fn write_transaction(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+        match self.engine {
+            Engine::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
+            Engine::Postgres => self.pool.begin().await,
+        }
     }
 
     pub async fn created_before(&self, unix_seconds: i64) -> Result<Vec<String>, StoreError> {
