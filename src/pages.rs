@@ -26,30 +26,39 @@ pub(crate) fn populate_write(range: std::ops::Range<usize>) {
 /// process (glibc's mmap threshold, which otherwise rises to the size of each block freed).
 pub(crate) fn return_blocks_from(bytes: usize) {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    mallopt_once(&ONCE, libc::M_MMAP_THRESHOLD, bytes);
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    let _ = (&ONCE, bytes);
+    mallopt_once(&ONCE, Tuning::MmapThreshold, bytes);
 }
 
 /// The heap grows by at least this many bytes more than asked, from now on in this process
 /// (glibc's top pad; freed memory up to that much stays with the process).
 pub(crate) fn grow_heap_by(bytes: usize) {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    mallopt_once(&ONCE, libc::M_TOP_PAD, bytes);
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    let _ = (&ONCE, bytes);
+    mallopt_once(&ONCE, Tuning::TopPad, bytes);
 }
 
-/// Sets one of glibc's tuning parameters, the first time only.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn mallopt_once(once: &'static std::sync::Once, param: libc::c_int, bytes: usize) {
-    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-    // SAFETY: mallopt only sets a tuning parameter of the allocator.
-    once.call_once(|| unsafe {
-        libc::mallopt(param, value);
-    });
+/// The glibc tuning parameters we set.
+#[derive(Clone, Copy)]
+enum Tuning {
+    MmapThreshold,
+    TopPad,
+}
+
+/// Sets one of glibc's tuning parameters, the first time only; elsewhere nothing.
+fn mallopt_once(once: &'static std::sync::Once, tuning: Tuning, bytes: usize) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let param = match tuning {
+            Tuning::MmapThreshold => libc::M_MMAP_THRESHOLD,
+            Tuning::TopPad => libc::M_TOP_PAD,
+        };
+        let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        // SAFETY: mallopt only sets a tuning parameter of the allocator.
+        once.call_once(|| unsafe {
+            libc::mallopt(param, value);
+        });
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = (once, tuning, bytes);
 }
 
 #[cfg(test)]

@@ -12,6 +12,18 @@ use crate::snapshot::Snapshot;
 
 pub const MIB: u64 = 1 << 20;
 
+/// A fixed pseudo-random sequence (xorshift64) from `seed`, so that a randomized test reads
+/// the same values every run.
+pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
 /// A frame as `(filename, line, name)`.
 pub type Frame = (&'static str, i64, &'static str);
 

@@ -373,13 +373,7 @@ mod tests {
     /// of points, columns of any length (partial last block included).
     #[test]
     fn block_extremes_give_the_same_buckets_as_a_full_scan() {
-        let mut x = 0x9e3779b97f4a7c15u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::testkit::xorshift(0x9e3779b97f4a7c15u64);
         for case in 0..300 {
             let n = (next() % 5000) as usize + 1;
             let cols: Vec<Vec<u64>> = (0..5).map(|_| (0..n).map(|_| next() % 1_000_000).collect()).collect();

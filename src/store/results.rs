@@ -633,13 +633,7 @@ mod tests {
             let width = [1usize, 2, 4, 8].into_iter().find(|&w| w == 8 || top < 1 << (8 * w)).unwrap();
             Layout { base, shift, width }
         };
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::testkit::xorshift(0x2545_f491_4f6c_dd1du64);
         let mut cases: Vec<Vec<u64>> =
             vec![vec![], vec![7], vec![u64::MAX, 0], vec![(-5i64) as u64, 3, i64::MIN as u64]];
         for _ in 0..400 {

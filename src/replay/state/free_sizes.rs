@@ -90,11 +90,9 @@ mod tests {
     fn the_largest_is_always_the_largest_counted() {
         let mut sizes = FreeSizes::default();
         let mut truth: Vec<u64> = Vec::new();
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = crate::testkit::xorshift(0x9e37_79b9_7f4a_7c15);
         for _ in 0..50_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = next();
             let size = (x % 97) * 512;
             if x % 3 == 0 && !truth.is_empty() {
                 let victim = truth.remove((x >> 20) as usize % truth.len());

@@ -66,12 +66,10 @@ mod tests {
     #[test]
     fn orders_as_the_tuples_do() {
         let (mut set, mut truth) = (FreeSet::default(), BTreeSet::new());
-        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = crate::testkit::xorshift(0x2545_f491_4f6c_dd1d);
         let ends = [0, 1, 512, 1 << 20, u64::MAX - 1, u64::MAX];
         for i in 0..20_000u32 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = next();
             let key = PoolKey { private: (x % 3) as u32, small: x & 8 != 0 };
             let size = if x % 7 == 0 { ends[(x >> 8) as usize % ends.len()] } else { (x >> 20) % 64 * 512 };
             let k: FreeKey = (key, (x >> 4) as u16 % 2, size, ((x >> 30) << 20) | i as u64, i);
