@@ -25,6 +25,12 @@ pub struct Diagnosis {
     pub verdict: DiagnosisVerdict,
     pub summary: String,
     pub remedies: Vec<Remedy>,
+    /// What the step that died needed (or the run's peak), against the budget.
+    #[serde(default)]
+    pub need: super::need::Need,
+    /// Memory on the device outside PyTorch's allocator at the OOM.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub outside: Option<super::need::Outside>,
 }
 
 /// What the diagnosis found, in one word.
@@ -113,8 +119,10 @@ impl Remedy {
 pub enum Effect {
     /// The run would fit (no OOM within the budget, or a lower peak where there was no OOM).
     Fixes,
-    /// It saves memory, but the run would still not fit.
+    /// It gets the run further than it really went, or saves memory, but not enough to fit.
     Helps,
+    /// It applies, but the run would die as early or earlier.
+    DoesNotHelp,
     /// It does not apply here, or would cost more than it saves.
     DoesNotApply,
 }
@@ -125,6 +133,7 @@ impl Effect {
         match self {
             Effect::Fixes => "fixes it",
             Effect::Helps => "helps, not enough",
+            Effect::DoesNotHelp => "does not help",
             Effect::DoesNotApply => "does not apply",
         }
     }
@@ -146,6 +155,9 @@ pub struct Fit {
     /// remedy applied (else from arithmetic on what filled memory).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub simulated: Option<bool>,
+    /// The share of today's micro-batch the prediction is for (`smaller_batch`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub batch_fraction: Option<f64>,
 }
 
 /// Everything the diagnosis weighs.
@@ -189,7 +201,7 @@ pub fn diagnose(f: &Facts) -> Diagnosis {
         Some(Verdict::Capacity) => DiagnosisVerdict::Capacity,
         None => DiagnosisVerdict::NoOom,
     };
-    Diagnosis { verdict, summary, remedies }
+    Diagnosis { verdict, summary, remedies, need: Default::default(), outside: None }
 }
 
 fn summary(f: &Facts, oom: Option<&Oom>) -> String {
@@ -211,7 +223,7 @@ fn summary(f: &Facts, oom: Option<&Oom>) -> String {
             who(&o.pinners),
         ),
         Some(o) => format!(
-            "Out of memory at event {}, trying to allocate {} (for a request of {}): {} was allocated and only {} reserved but unallocated, less than the request: capacity. The live tensors need more memory than the budget; no allocator setting can fit this run, only using less memory can.",
+            "Out of memory at event {}, trying to allocate {} (for a request of {}): {} was allocated and only {} reserved but unallocated, less than the request: capacity at the failing request.",
             o.event_index,
             torch_size(o.allocation_bytes),
             torch_size(o.requested_bytes),

@@ -1,44 +1,42 @@
-//! Remedies for a capacity OOM, with numbers: what would make the run fit, computed from what
-//! filled memory at the OOM ([`super::breakdown`]) and any growth. The same for a run that did
-//! not run out of memory but peaked close to a budget the user names (`--capacity`).
+//! Remedies that make a run use less memory, each weighed against what the step needed
+//! ([`super::need`]), not against the trace's end: a snapshot taken at an OOM ends there. The
+//! same for a run that did not run out of memory but peaked close to a budget the user names
+//! (`--capacity`). They appear whenever the step needs more than the budget, whatever the
+//! verdict at the failing request.
 //!
-//! Both are reckoned in reserved bytes, as the budget is: at an OOM the need is what was
-//! reserved plus the segment the allocator then asked for, and the budget `--capacity` or else
-//! the most the process ever held reserved (the limit the job had is at least that); at a peak the need is the peak of reserved bytes. A remedy saves bytes
-//! of the categories it acts on; its predicted peak is the need less those savings, which
-//! assumes the allocator's cached slack stays as it was (pessimistic). It fixes an OOM when that
-//! fits the budget, and a near miss when it is back under [`HEADROOM`] of it. The factors are
-//! stated in each `why`:
+//! Each remedy is a [`Change`] to the projected step's moments; its predicted peak is the
+//! largest moment after the change, in reserved bytes as the budget is (allocated plus the
+//! allocator's usual cache). It fixes the run when that fits the budget (after a near miss:
+//! gets back under [`HEADROOM`] of it), helps when it saves memory but not enough:
 //! - `fix_leak`: all bytes the growing call sites keep.
-//! - `activation_checkpointing`: half the activations (each checkpointed segment keeps its
-//!   input and recomputes the rest; per-layer checkpointing of a transformer saves more).
-//! - `smaller_batch`: half the activations, temporaries and inputs, and half the request when
-//!   it was made in the forward or backward (they scale with the micro-batch).
+//! - `activation_checkpointing`: each call of the repeated layer keeps only its input, and one
+//!   layer's activations are made again at a time; without a repeated layer found, half.
+//! - `smaller_batch`: activations and the other batch-sized memory shrink with the micro-batch:
+//!   the largest of 1/2, 1/4, 1/8 of it that fits, with as many steps of accumulation.
 //! - `shard_optimizer_state`: 7/8 of the optimizer state (ZeRO-1 / FSDP over 8 ranks).
 //! - `lighter_optimizer`: 3/4 of the optimizer state (8-bit states instead of 32-bit).
-//! - `grads_set_to_none`: the gradients alive during a forward.
-//! - `chunked_loss`: 7/8 of the failing request when that request is the loss's (its stack runs through `cross_entropy`, `nll_loss` or `log_softmax`, or it is made
-//!   in user code after the model's forward): computing the loss in 8 chunks of the logits.
+//! - `grads_set_to_none`: the gradients kept from the last step.
+//! - `chunked_loss`: 7/8 of the failing request when that request is the loss's (its stack runs
+//!   through `cross_entropy`, `nll_loss` or `log_softmax`, or it is made in user code after the
+//!   model's forward): computing the loss in 8 chunks of the logits.
 
 use super::advice::{Effect, Fit, Remedy, RemedyKind};
-use super::breakdown::{Breakdown, Growth};
-use super::categories::Category;
+use super::breakdown::Growth;
+use super::need::{Change, Need};
 use super::phases::Phase;
 use crate::units::bytes;
 
-/// A peak this close to the budget (90%) gets remedies too, and a remedy that brings an OOM
-/// or a near miss back under it restores the headroom a run needs (other processes, the
-/// allocator's own slack).
+/// A peak this close to the budget (90%) gets remedies too, and a remedy that brings a near
+/// miss back under it restores the headroom a run needs (other processes, the allocator's own
+/// slack).
 pub const HEADROOM: f64 = 0.9;
 
 /// What the capacity remedies weigh.
 pub struct Facts<'a> {
-    /// What filled memory at the moment judged: the OOM, or the peak.
-    pub at: &'a Breakdown,
+    pub need: &'a Need,
     pub growth: &'a [Growth],
-    /// What the run needed reserved: at an OOM, what was reserved plus the segment it asked
-    /// for; at a peak, the peak of reserved bytes.
-    pub need: u64,
+    /// What must fit: the budget at an OOM, 90% of it after a near miss.
+    pub limit: u64,
     pub budget: u64,
     /// The failing request, at an OOM.
     pub request: Option<Request>,
@@ -66,49 +64,60 @@ pub fn loss_sized(
     let near = |size: u64| size.abs_diff(request) * 100 <= request;
     events.iter().enumerate().filter(|(_, e)| e.action == crate::snapshot::Action::ALLOC && near(e.size)).any(
         |(i, e)| {
-            let loss = snapshot
-                .stacks
-                .frames(e.stack)
-                .any(|f| matches!(snapshot.stacks.str(f.name), "cross_entropy" | "nll_loss" | "log_softmax"));
+            let loss = snapshot.stacks.frames(e.stack).any(|f| {
+                matches!(snapshot.stacks.str(f.name), "cross_entropy" | "nll_loss" | "log_softmax" | "ForCausalLMLoss")
+            });
             loss || (phases.phase[i] == Phase::Forward && tag(snapshot, e.stack) == Tag::User)
         },
     )
 }
 
-/// The remedies, most saving first, each with its numbers, and a sentence when none alone
-/// would make the run fit.
-pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
-    let cat = |c: Category| f.at.categories.get(&c).copied().unwrap_or(0);
-    let (need, budget) = (f.need, f.budget);
-    // At an OOM the run must fit the budget; after a near miss, get back under the headroom.
-    let limit = if f.request.is_some() { budget } else { (budget as f64 * HEADROOM) as u64 };
-    let moment = if f.request.is_some() { "at the OOM" } else { "at the peak" };
-    let (act, tmp, input) = (cat(Category::Activation), cat(Category::Temporary), cat(Category::Input));
-    let (state, grads) = (cat(Category::OptimizerState), cat(Category::Gradient));
-    let mut out = Vec::new();
-    let mut add = |kind: RemedyKind, saves: u64, code: String, why: String| {
-        if saves == 0 {
-            return;
+impl Facts<'_> {
+    /// A remedy with the numbers of `change`; None when it saves nothing.
+    fn weigh(&self, kind: RemedyKind, change: Change, code: String, why: String) -> Option<Remedy> {
+        let (base, _) = self.need.peak_with(&Change::NONE)?;
+        let (alloc, reserved) = self.need.peak_with(&change)?;
+        let saves = base.saturating_sub(alloc);
+        // Less than a hundredth of the step is no remedy worth a card.
+        if saves == 0 || saves * 100 < base {
+            return None;
         }
-        let peak = need.saturating_sub(saves);
-        let effect = if peak <= limit { Effect::Fixes } else { Effect::Helps };
-        out.push(Remedy {
-            predicted: Some(format!("peak {} reserved against the {} budget", bytes(peak), bytes(budget))),
+        let effect = if reserved <= self.limit { Effect::Fixes } else { Effect::Helps };
+        Some(Remedy {
+            predicted: Some(format!(
+                "the step's peak {} allocated, {} reserved, against the {} budget",
+                bytes(alloc),
+                bytes(reserved),
+                bytes(self.budget)
+            )),
             fit: Fit {
                 effect: Some(effect),
                 saves_bytes: Some(saves),
-                predicted_peak_bytes: Some(peak),
-                budget_bytes: Some(budget),
+                predicted_peak_bytes: Some(reserved),
+                budget_bytes: Some(self.budget),
                 simulated: None,
+                batch_fraction: None,
             },
             ..Remedy::new(kind, true, code, why)
-        });
-    };
+        })
+    }
+
+    fn fits(&self, change: &Change) -> bool {
+        self.need.peak_with(change).is_some_and(|(_, reserved)| reserved <= self.limit)
+    }
+}
+
+/// The remedies, most saving first, each with its numbers, and a sentence when none alone
+/// would make the run fit.
+pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
+    let at = f.need.model.at_peak();
+    let moment = if f.request.is_some() { "at the step's projected peak" } else { "at the peak" };
+    let mut out = Vec::new();
     for g in f.growth {
         let site = g.call_site.as_ref().map(|s| s.to_string()).unwrap_or_else(|| "an unknown call site".into());
-        add(
+        out.extend(f.weigh(
             RemedyKind::FixLeak,
-            g.live_bytes,
+            Change { less: g.live_bytes, ..Change::NONE },
             format!("# at {site}: keep what you need as a Python number or on the CPU (.item(), .cpu()), or drop it"),
             format!(
                 "{site} keeps {} more every step ({} steps so far, {} blocks never freed): memory grows until it runs out.",
@@ -116,85 +125,111 @@ pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
                 g.steps,
                 g.blocks
             ),
-        );
+        ));
     }
-    let sites: Vec<String> =
-        f.at.call_sites
-            .iter()
-            .filter(|s| s.category == Category::Activation)
-            .filter_map(|s| s.call_site.as_ref().map(|c| c.to_string()))
-            .take(3)
-            .collect();
-    add(
-        RemedyKind::ActivationCheckpointing,
-        act / 2,
-        "from torch.utils.checkpoint import checkpoint\ny = checkpoint(block, x, use_reentrant=False)  # around each layer"
-            .into(),
-        format!(
-            "{} of activations were alive {moment}{}. Checkpointing keeps each segment's input and recomputes the rest in the backward; counted here as half of them.",
-            bytes(act),
-            if sites.is_empty() { String::new() } else { format!(", most made at {}", sites.join(", ")) }
-        ),
-    );
-    let batch_request = match &f.request {
-        Some(r) if matches!(r.phase, Phase::Forward | Phase::Backward) => r.bytes,
-        _ => 0,
-    };
-    add(
-        RemedyKind::SmallerBatch,
-        (act + tmp + input + batch_request) / 2,
-        "# half the micro-batch, the same effective batch:\nfor half in batch.chunk(2):\n    (loss_fn(model(half)) / 2).backward()\noptimizer.step()".into(),
-        format!(
-            "Activations, temporaries and inputs scale with the micro-batch ({} {moment}): halving it with 2 steps of gradient accumulation saves about half.",
-            bytes(act + tmp + input)
-        ),
-    );
-    add(
+    out.extend(checkpointing(f, at.activation, moment));
+    out.extend(smaller_batch(f, at.activation + at.batch, moment));
+    let state = at.optimizer_state;
+    out.extend(f.weigh(
         RemedyKind::ShardOptimizerState,
-        state / 8 * 7,
+        Change { optimizer_state: 0.125, ..Change::NONE },
         "# FSDP (torch.distributed.fsdp.fully_shard) or\nfrom torch.distributed.optim import ZeroRedundancyOptimizer"
             .into(),
         format!("{} of optimizer state; sharded over 8 ranks each keeps an eighth.", bytes(state)),
-    );
-    add(
+    ));
+    out.extend(f.weigh(
         RemedyKind::LighterOptimizer,
-        state / 4 * 3,
-        "import bitsandbytes as bnb\noptimizer = bnb.optim.AdamW8bit(model.parameters())".into(),
+        Change { optimizer_state: 0.25, ..Change::NONE },
+        "import bitsandbytes as bnb\noptimizer = bnb.optim.AdamW8bit(model.parameters())\n# or torch.optim.Adafactor(model.parameters()): factored, smaller still".into(),
         format!(
-            "{} of optimizer state; 8-bit states take a quarter of 32-bit ones (factored states, as Adafactor's, less still).",
+            "{} of optimizer state; 8-bit states take a quarter of 32-bit ones (counted so here; Adafactor's factored states, less still).",
             bytes(state)
         ),
-    );
-    if f.at.phase == Phase::Forward {
-        add(
+    ));
+    if at.kept_gradient > 0 {
+        out.extend(f.weigh(
             RemedyKind::GradsSetToNone,
-            grads,
+            Change { kept_gradient: 0.0, ..Change::NONE },
             "optimizer.zero_grad(set_to_none=True)".into(),
             format!(
-                "{} of gradients were alive during the forward: freed after each step, they are not there when activations peak.",
-                bytes(grads)
+                "{} of gradients from the last step were still alive in this one: freed after each step, they are not there when activations peak.",
+                bytes(at.kept_gradient)
             ),
-        );
+        ));
     }
     if let Some(r) = f.request.as_ref().filter(|r| r.is_loss) {
-        add(
+        out.extend(f.weigh(
             RemedyKind::ChunkedLoss,
-            r.bytes / 8 * 7,
+            Change { less: r.bytes / 8 * 7, ..Change::NONE },
             "# the loss over 8 chunks of the sequence, never the whole upcast logits at once:\nloss = sum(F.cross_entropy(head(h).float(), t, reduction=\"sum\") for h, t in zip(hidden.chunk(8, 1), targets.chunk(8, 1))) / targets.numel()".into(),
             format!("The failing request ({}) is the loss's: the logits upcast whole. In 8 chunks only an eighth is alive at once.", bytes(r.bytes)),
-        );
+        ));
     }
     out.sort_by_key(|r| std::cmp::Reverse(r.fit.saves_bytes));
     let none = !out.iter().any(|r| r.fit.effect == Some(Effect::Fixes));
     let note = none.then(|| {
         format!(
-            "No single change here is enough: the run needs {} and {} {}; combine the largest savings.",
-            bytes(need),
+            "No single change here is enough: the step needs {} reserved and {} {}; combine the largest savings.",
+            bytes(f.need.peak_reserved_bytes.unwrap_or(0)),
             if f.request.is_some() { "had" } else { "should stay under" },
-            bytes(limit)
+            bytes(f.limit)
         )
     });
     (out, note)
+}
+
+fn checkpointing(f: &Facts, act: u64, moment: &str) -> Option<Remedy> {
+    let layers = f.need.layers.as_ref();
+    let (factor, what) = match (f.need.checkpoint_factor(), layers) {
+        (Some(c), Some(l)) => (
+            c,
+            format!(
+                " The layer called at {} ({} calls a forward) keeps {} each for the backward; checkpointed, each keeps only its {} input, and one layer's activations are made again at a time.",
+                l.call_site,
+                l.calls,
+                bytes(l.saved_bytes_per_call),
+                bytes(l.input_bytes)
+            ),
+        ),
+        _ => (0.5, " No repeated layer was found in the frames: counted here as half of them.".to_string()),
+    };
+    let code = match layers {
+        Some(l) if l.module_file.as_deref().is_some_and(|m| m.contains("transformers")) => format!(
+            "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={{\"use_reentrant\": False}})\n# checkpoints each layer that {}:{} calls",
+            l.call_site.filename, l.call_site.line
+        ),
+        Some(l) => format!(
+            "from torch.utils.checkpoint import checkpoint\n# at {}:{}, around each call of the layer:\nx = checkpoint(layer, x, use_reentrant=False)",
+            l.call_site.filename, l.call_site.line
+        ),
+        None => "from torch.utils.checkpoint import checkpoint\ny = checkpoint(block, x, use_reentrant=False)  # around each layer".into(),
+    };
+    let why = format!("{} of activations were alive {moment}.{what}", bytes(act));
+    let mut r =
+        f.weigh(RemedyKind::ActivationCheckpointing, Change { activation: factor, ..Change::NONE }, code, why)?;
+    r.site = layers.map(|l| format!("{}:{}", l.call_site.filename, l.call_site.line));
+    Some(r)
+}
+
+fn smaller_batch(f: &Facts, batched: u64, moment: &str) -> Option<Remedy> {
+    let at = |share: f64| Change { batch: share, ..Change::NONE };
+    let n = [2u32, 4, 8].into_iter().find(|n| f.fits(&at(1.0 / *n as f64))).unwrap_or(2);
+    // The largest share of the micro-batch that fits, to the percent.
+    let largest = (1..=99).rev().find(|p| f.fits(&at(*p as f64 / 100.0)));
+    let fits = match largest {
+        Some(p) => format!(" Up to {p}% of today's micro-batch fits the budget."),
+        None => " Even a hundredth of the micro-batch would not fit: the rest of the memory is too much.".into(),
+    };
+    let code = format!(
+        "# 1/{n} of the micro-batch, the same effective batch:\nfor part in batch.chunk({n}):\n    (loss_fn(model(part)) / {n}).backward()\noptimizer.step()"
+    );
+    let why = format!(
+        "Activations and the other batch-sized memory ({} {moment}) shrink with the micro-batch: 1/{n} of it with {n} steps of gradient accumulation keeps the same effective batch.{fits}",
+        bytes(batched)
+    );
+    let mut r = f.weigh(RemedyKind::SmallerBatch, at(1.0 / n as f64), code, why)?;
+    r.fit.batch_fraction = Some(1.0 / n as f64);
+    Some(r)
 }
 
 /// What the allocator model needs to replay the trace with a remedy's blocks made smaller.
@@ -203,82 +238,11 @@ pub struct Replaying<'a> {
     pub device: &'a crate::snapshot::Device,
     pub index: &'a super::memory::Index,
     /// Blocks alive before the trace, with their categories.
-    pub before: Vec<(u64, Category)>,
+    pub before: Vec<(u64, super::categories::Category)>,
 }
 
-/// Percent of a category's requests a remedy keeps.
-type Keep = fn(Category) -> u8;
-
-/// How much of a category's requests a remedy keeps (percent), and of an OOM's request.
-fn keeps(kind: RemedyKind, request_phase: Option<Phase>) -> Option<(Keep, u8)> {
-    let batch = matches!(request_phase, Some(Phase::Forward | Phase::Backward));
-    Some(match kind {
-        RemedyKind::SmallerBatch => (
-            |c| if matches!(c, Category::Activation | Category::Temporary | Category::Input) { 50 } else { 100 },
-            if batch { 50 } else { 100 },
-        ),
-        RemedyKind::ActivationCheckpointing => (|c| if c == Category::Activation { 50 } else { 100 }, 100),
-        RemedyKind::ShardOptimizerState => (|c| if c == Category::OptimizerState { 13 } else { 100 }, 100),
-        RemedyKind::LighterOptimizer => (|c| if c == Category::OptimizerState { 25 } else { 100 }, 100),
-        _ => return None,
-    })
-}
-
-/// Replays the trace through the allocator model with each remedy's blocks made smaller, under
-/// the limit the remedies are judged by, and puts what it predicts in place of the arithmetic:
-/// the model sees where the smaller blocks land and what the allocator's caching then holds.
-/// Only where the model, replaying the run unchanged, runs out of memory where the real run
-/// did (at an OOM), or stays under the limit (at a near miss): else its word is not better
-/// than the arithmetic, which stays.
-pub fn refine(r: &Replaying, f: &Facts, remedies: &mut [Remedy]) {
-    use crate::simulate::{Settings, Shrink, simulate};
-    use std::sync::Arc;
-    let limit = if f.request.is_some() { f.budget } else { (f.budget as f64 * HEADROOM) as u64 };
-    let baseline = Settings { capacity: Some(limit), ..Default::default() };
-    let Ok(unchanged) = simulate(r.snapshot, r.device, &baseline) else { return };
-    let events = r.snapshot.device_events(r.device);
-    let oom_at = events.iter().rposition(|e| e.action == crate::snapshot::Action::OOM);
-    let faithful = match (f.request.is_some(), &unchanged.oom) {
-        (true, Some(o)) => Some(o.event_index as usize) == oom_at,
-        (false, None) => true,
-        _ => false,
-    };
-    if !faithful {
-        return;
-    }
-    for remedy in remedies.iter_mut() {
-        let Some((keep, keep_request)) = keeps(remedy.kind, f.request.as_ref().map(|q| q.phase)) else { continue };
-        let mut shrink = Shrink { events: vec![100; events.len()], ..Default::default() };
-        for (i, e) in events.iter().enumerate() {
-            match e.action {
-                crate::snapshot::Action::ALLOC => shrink.events[i] = keep(r.index.labels.at(i)),
-                crate::snapshot::Action::OOM => shrink.events[i] = keep_request,
-                _ => {}
-            }
-        }
-        shrink.before = r.before.iter().map(|(a, c)| (*a, keep(*c))).filter(|(_, k)| *k < 100).collect();
-        let settings = Settings { capacity: Some(limit), shrink: Some(Arc::new(shrink)), ..Default::default() };
-        let Ok(o) = simulate(r.snapshot, r.device, &settings) else { continue };
-        remedy.fit.predicted_peak_bytes = Some(o.peak_reserved_bytes);
-        remedy.fit.simulated = Some(true);
-        remedy.fit.effect = Some(if o.oom.is_none() { Effect::Fixes } else { Effect::Helps });
-        remedy.predicted = Some(match &o.oom {
-            None => format!(
-                "no OOM within {} through the trace's end, peak {} reserved (replayed through the allocator model)",
-                bytes(limit),
-                bytes(o.peak_reserved_bytes)
-            ),
-            Some(x) => format!(
-                "still out of memory within {}, at event {} (replayed through the allocator model)",
-                bytes(limit),
-                x.event_index
-            ),
-        });
-    }
-}
-
-/// For a capacity OOM, or a peak close to `capacity`: what filled memory, in the summary, and
-/// the remedies that would make the run fit, with their numbers.
+/// For a step that needs more than its budget, or a peak close to `capacity`: what filled
+/// memory, in the summary, and the remedies that would make the run fit, with their numbers.
 pub fn explain(
     replaying: &Replaying,
     ooms: &[super::oom::Oom],
@@ -287,27 +251,23 @@ pub fn explain(
     peak_reserved: u64,
     diagnosis: &mut super::advice::Diagnosis,
 ) {
-    use super::breakdown::Moment;
     let (snapshot, index) = (replaying.snapshot, replaying.index);
     let events = snapshot.device_events(replaying.device);
-    let find = |m: Moment, e: Option<u64>| memory.breakdown.iter().find(|b| b.moment == m && b.event_index == e);
-    let (at, facts) = match ooms.first() {
-        Some(oom) if oom.verdict == super::oom::Verdict::Capacity => {
-            let Some(at) = find(Moment::Oom, Some(oom.event_index)) else { return };
-            let request = Request {
+    let need = diagnosis.need.clone();
+    let request = match ooms.first() {
+        Some(oom) => {
+            let capacity_verdict = diagnosis.verdict == super::advice::DiagnosisVerdict::Capacity;
+            if need.fits != Some(false) && !capacity_verdict {
+                return;
+            }
+            Some(Request {
                 bytes: oom.requested_bytes,
                 phase: index.phase_at(Some(oom.event_index)),
                 is_loss: loss_sized(snapshot, events, &index.phases, oom.requested_bytes),
-            };
-            let need = oom.reserved_bytes + oom.allocation_bytes;
-            // The limit is at least the most the process ever held reserved.
-            let budget = capacity.unwrap_or(oom.reserved_bytes.max(peak_reserved));
-            (at, Facts { at, growth: &memory.growth, need, budget, request: Some(request) })
+            })
         }
-        Some(_) => return,
         None => {
             let Some(budget) = capacity else { return };
-            let Some(at) = memory.breakdown.iter().find(|b| b.moment == Moment::Peak) else { return };
             if (peak_reserved as f64) < budget as f64 * HEADROOM {
                 return;
             }
@@ -319,31 +279,42 @@ pub fn explain(
             };
             diagnosis.summary.push_str(&format!(
                 " The peak, {} reserved, is {share:.0}% of the {} budget: {verdict}.",
-                crate::units::bytes(peak_reserved),
-                crate::units::bytes(budget)
+                bytes(peak_reserved),
+                bytes(budget)
             ));
-            (at, Facts { at, growth: &memory.growth, need: peak_reserved, budget, request: None })
+            None
         }
     };
-    let mut top: Vec<_> = at.categories.iter().filter(|(_, b)| **b > 0).collect();
-    top.sort_by(|a, b| b.1.cmp(a.1));
-    let parts: Vec<String> = top
-        .iter()
-        .take(3)
-        .map(|(c, b)| format!("{} {}", crate::units::bytes(**b), c.as_str().replace('_', " ")))
-        .collect();
-    diagnosis.summary.push_str(&format!(
-        " At the {} ({} phase) the {} allocated was mostly {}.",
-        if facts.request.is_some() { "OOM" } else { "peak" },
-        serde_json::to_value(at.phase).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
-        crate::units::bytes(at.allocated_bytes),
-        parts.join(", ")
-    ));
+    let Some(budget) = need.budget_bytes.or(capacity) else { return };
+    let limit = if request.is_some() { budget } else { (budget as f64 * HEADROOM) as u64 };
+    describe(&need, request.is_some(), diagnosis);
+    let facts = Facts { need: &need, growth: &memory.growth, limit, budget, request };
     let (mut remedies, note) = remedies(&facts);
-    refine(replaying, &facts, &mut remedies);
+    super::shrink::refine(replaying, &facts, &mut remedies);
     diagnosis.remedies.extend(remedies);
     if let Some(note) = note {
         diagnosis.summary.push(' ');
         diagnosis.summary.push_str(&note);
     }
+}
+
+/// What filled memory at the projected peak, in the summary.
+fn describe(need: &Need, oom: bool, diagnosis: &mut super::advice::Diagnosis) {
+    let m = need.model.at_peak();
+    let mut parts = [
+        (m.activation, "activation"),
+        (m.batch, "other batch-sized memory"),
+        (m.optimizer_state, "optimizer state"),
+        (m.gradient + m.kept_gradient, "gradients"),
+        (m.parameter, "parameters"),
+        (m.fixed, "other"),
+    ];
+    parts.sort_by_key(|p| std::cmp::Reverse(p.0));
+    let top: Vec<String> =
+        parts.iter().filter(|p| p.0 > 0).take(3).map(|(b, c)| format!("{} {c}", bytes(*b))).collect();
+    diagnosis.summary.push_str(&format!(
+        " At the {} it is mostly {}.",
+        if oom { "step's projected peak" } else { "peak" },
+        top.join(", ")
+    ));
 }

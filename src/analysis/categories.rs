@@ -18,8 +18,13 @@
 //!    alive into that backward and freed before the next forward (or alive at the end of a
 //!    trace that stops before the step's optimizer phase); `other` if it outlives the step (kept across
 //!    steps: a cached tensor, the loss, a leak). Alive at the end of a trace that stops inside
-//!    the forward: `activation` when the trace shows training (it has a backward phase), else
-//!    `unknown`; on a trace with no backward at all (inference), `other`.
+//!    the forward (an OOM in the first forward, the usual first try of a new batch size):
+//!    `activation` when the trace shows training (it has a backward phase), or when what the
+//!    forward keeps has the pattern of tensors saved for a backward: blocks of at least
+//!    [`SAVED_SITES`] call sites, each alive several times over (once per layer), accumulating
+//!    module after module, most of what the forward keeps. A forward under `torch.no_grad()`
+//!    keeps only each layer's output and its cache. Else `unknown`; on a trace with no backward
+//!    at all (inference), `other`.
 //! 6. Made outside those phases by user code: `input` if alive into the next forward (a batch
 //!    made or moved to the GPU before the model runs); `temporary` if freed before it; else
 //!    `other`.
@@ -190,6 +195,7 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
         }
     }
     let last = events.len().saturating_sub(1);
+    let saved = saved_for_backward(events, phases, freed);
     let mut run = 0;
     for (i, e) in events.iter().enumerate() {
         if e.action != Action::ALLOC || labels.by_event[i] == Category::Parameter {
@@ -217,7 +223,7 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
                     Category::Unknown
                 }
             }
-            Phase::Forward => forward(phases, run, free),
+            Phase::Forward => forward(phases, run, free, saved),
             Phase::Other => {
                 let user = phases.tag_of(e.stack) == super::phases::Tag::User;
                 match phases.next_run(run, Phase::Forward).map(|r| phases.runs[r].1) {
@@ -232,14 +238,36 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
     labels
 }
 
-/// Rule 5: an allocation made in the forward run `run`, freed at `free`.
-fn forward(phases: &Phases, run: usize, free: Option<usize>) -> Category {
+/// Call sites whose blocks a forward keeps several times over, at least, for what it keeps to
+/// read as tensors saved for a backward.
+pub const SAVED_SITES: usize = 4;
+
+/// Whether the last forward run, where no backward follows it, keeps what a training forward
+/// keeps (see rule 5).
+fn saved_for_backward(events: &[Event], phases: &Phases, freed: &[u32]) -> bool {
+    let Some(&(Phase::Forward, start, end)) = phases.runs.last() else { return false };
+    let mut by_site: HashMap<StackId, (u32, u64)> = HashMap::new();
+    let mut kept = 0u64;
+    for i in start..=end {
+        if events[i].action == Action::ALLOC && freed[i] == NEVER {
+            let e = by_site.entry(events[i].stack).or_default();
+            (e.0, e.1) = (e.0 + 1, e.1 + events[i].size);
+            kept += events[i].size;
+        }
+    }
+    let repeated: Vec<u64> = by_site.values().filter(|(n, _)| *n >= 2).map(|(_, b)| *b).collect();
+    repeated.len() >= SAVED_SITES && 2 * repeated.iter().sum::<u64>() >= kept
+}
+
+/// Rule 5: an allocation made in the forward run `run`, freed at `free`; `saved`: the last
+/// forward keeps what a training forward keeps.
+fn forward(phases: &Phases, run: usize, free: Option<usize>, saved: bool) -> Category {
     let Some(bwd) = phases.next_run(run, Phase::Backward) else {
         // No backward follows: the trace stops inside this forward, or this is inference.
         return match free {
             Some(_) => Category::Temporary,
             None if phases.next_run(run, Phase::Forward).is_some() => Category::Other,
-            None if phases.training => Category::Activation,
+            None if phases.training || saved => Category::Activation,
             None => Category::Unknown,
         };
     };

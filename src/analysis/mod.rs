@@ -24,12 +24,15 @@ pub mod categories;
 pub mod compare;
 mod counters;
 pub(crate) mod gaps;
+mod judge;
 pub(crate) mod map;
 pub(crate) mod memory;
+pub(crate) mod need;
 pub(crate) mod oom;
 pub(crate) mod phases;
 mod predict;
 pub(crate) mod rhythm;
+mod shrink;
 pub mod summary;
 pub(crate) mod timeline;
 
@@ -142,6 +145,9 @@ pub struct Options {
     /// The memory budget the job has (`--capacity`): remedies are weighed against it, at an
     /// OOM and at a peak that comes close to it.
     pub capacity: Option<u64>,
+    /// The device's total memory (`--device-total`): with it, the memory held outside
+    /// PyTorch's allocator at an OOM.
+    pub device_total: Option<u64>,
 }
 
 /// About the most memory analysing a parsed `snapshot` holds at once, in bytes, from what it
@@ -299,10 +305,11 @@ fn analyze_device(
     let pinned = gaps::pinned(&end, &snapshot.stacks);
     // At an OOM, the pattern is judged where the job died; otherwise at the end, as replayed
     // (its segments know their creating event and stack; the snapshot's do not).
-    let judged = match ooms.first_state.take() {
-        Some(s) => s,
-        None if replay.final_mismatches.is_empty() => replay.end.clone(),
-        None => end,
+    let oom_state = ooms.first_state.take();
+    let judged = match &oom_state {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None if replay.final_mismatches.is_empty() => std::borrow::Cow::Borrowed(&replay.end),
+        None => std::borrow::Cow::Owned(end),
     };
     let rhythm = rhythm::rhythm(&judged, &snapshot.stacks);
     let big = big_allocation(snapshot, events, &ooms.ooms, &judged);
@@ -320,12 +327,31 @@ fn analyze_device(
         big: big.clone(),
         big_repeats,
     });
-    predict::predict(snapshot, d, &ooms.ooms, peak.reserved_bytes, &mut diagnosis);
     let steps = std::mem::take(&mut steps.steps);
     let index = memory::Index { phases, labels, freed };
     let capture = capture.take().unwrap_or_else(|| memory::Capture::new(&initial, false));
     let memory = memory::memory(snapshot, d, &replay, &index, &capture, &peak, steps);
     drop(capture);
+    let known = need::Known { capacity: options.capacity, recorded_budget: None, device_total: options.device_total };
+    let peak_mix = memory.breakdown.iter().find(|b| b.moment == Moment::Peak).map(need::Mix::of_breakdown);
+    diagnosis.need = need::project(&need::Inputs {
+        snapshot,
+        events,
+        index: &index,
+        replay: &replay,
+        rules: &rules,
+        ooms: &ooms.ooms,
+        oom_state: oom_state.as_ref(),
+        peak: (peak.allocated_bytes, peak.reserved_bytes),
+        peak_mix: peak_mix.unwrap_or_default(),
+        known,
+    });
+    if let Some(o) = ooms.ooms.first() {
+        diagnosis.outside = Some(need::budget::outside(o, &known));
+        let need = diagnosis.need.clone();
+        judge::judge(&mut diagnosis, &need);
+    }
+    predict::predict(snapshot, d, &ooms.ooms, peak.reserved_bytes, &mut diagnosis);
     let before: Vec<(u64, categories::Category)> =
         memory::live_blocks(&initial).map(|b| (b.address, index.labels.of(b))).collect();
     let replaying = capacity::Replaying { snapshot, device: d, index: &index, before };

@@ -47,6 +47,11 @@ pub enum Command {
         /// reserved when it happened.
         #[arg(long, value_parser = crate::config::parse_size)]
         capacity: Option<u64>,
+        /// The device's total memory (e.g. 140GiB, what `torch.cuda.get_device_properties(0)
+        /// .total_memory` says): with it, an OOM's report says how much the process held
+        /// outside PyTorch's allocator.
+        #[arg(long, value_parser = crate::config::parse_size)]
+        device_total: Option<u64>,
     },
     /// Replay the trace through a model of the caching allocator under other settings.
     Simulate {
@@ -106,7 +111,7 @@ fn parse_device(s: &str) -> Result<i64, String> {
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(config) => serve(config),
-        Command::Analyze { file, json, capacity } => match analyze(&file, json, capacity) {
+        Command::Analyze { file, json, capacity, device_total } => match analyze(&file, json, capacity, device_total) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&file, e),
         },
@@ -279,8 +284,13 @@ fn fail(file: &std::path::Path, e: IngestError) -> ExitCode {
     }
 }
 
-fn analyze(file: &std::path::Path, json: bool, capacity: Option<u64>) -> Result<(), IngestError> {
-    let options = analysis::Options { capacity };
+fn analyze(
+    file: &std::path::Path,
+    json: bool,
+    capacity: Option<u64>,
+    device_total: Option<u64>,
+) -> Result<(), IngestError> {
+    let options = analysis::Options { capacity, device_total };
     // The analysis runs while the file's hash is finished; its source is filled in after.
     let (ingested, mut analyzed) = ingest::ingest_path_then(file, &ingest::Options::default(), |snapshot| {
         analysis::analyze_with(snapshot, crate::snapshot::Source::default(), analysis::Depth::Report, options)

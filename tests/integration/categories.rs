@@ -208,7 +208,7 @@ fn the_text_report_names_what_fills_memory_and_the_remedies() {
         "what fills memory at the OOM",
         "activation",
         "remedy: A smaller micro-batch",
-        "predicted: peak",
+        "predicted: the step's peak",
     ] {
         assert!(text.contains(want), "no {want:?} in:\n{text}");
     }
@@ -222,23 +222,23 @@ fn capacity_remedies_carry_numbers_and_badges_follow_predictions() {
         let oom = &d["ooms"][0];
         // The limit is at least the most the process ever held reserved.
         let budget = oom["reserved_bytes"].as_u64().unwrap().max(d["peak"]["reserved_bytes"].as_u64().unwrap());
-        // Reserved at the OOM plus the segment the allocator asked for ("Tried to allocate").
-        let need = oom["reserved_bytes"].as_u64().unwrap() + oom["allocation_bytes"].as_u64().unwrap();
+        // What the step that died needed, reserved (#30: the projection, not the instant).
+        let need = d["diagnosis"]["need"]["peak_reserved_bytes"].as_u64().unwrap();
         let capacity: Vec<&Value> =
             d["diagnosis"]["remedies"].as_array().unwrap().iter().filter(|r| r["saves_bytes"].is_u64()).collect();
         assert!(capacity.iter().any(|r| r["kind"] == "activation_checkpointing"), "{name}");
         for r in &capacity {
             let peak = r["predicted_peak_bytes"].as_u64().unwrap();
             assert_eq!(r["budget_bytes"].as_u64(), Some(budget), "{name} {}", r["kind"]);
-            if r["simulated"] == true {
-                // The allocator model replayed the trace with the remedy applied.
-                let fixes = r["predicted"].as_str().unwrap().starts_with("no OOM");
-                assert_eq!(r["effect"], if fixes { "fixes" } else { "helps" }, "{name} {}", r["kind"]);
-                assert!(!fixes || peak <= budget, "{name} {}: {peak} over {budget}", r["kind"]);
+            // Judged against the step's projected need; a replay through the allocator model
+            // that still runs out of memory overrides it (#30).
+            let replay_died = r["predicted"].as_str().unwrap().starts_with("still out of memory");
+            if replay_died {
+                assert!(r["effect"] == "helps" || r["effect"] == "does_not_help", "{name} {}", r["kind"]);
             } else {
-                assert_eq!(peak, need - r["saves_bytes"].as_u64().unwrap(), "{name} {}", r["kind"]);
                 assert_eq!(r["effect"], if peak <= budget { "fixes" } else { "helps" }, "{name} {}", r["kind"]);
             }
+            assert!(peak < need || r["kind"] == "fix_leak", "{name} {}: {peak} saves nothing of {need}", r["kind"]);
         }
         let saves: Vec<u64> = capacity.iter().map(|r| r["saves_bytes"].as_u64().unwrap()).collect();
         assert!(saves.windows(2).all(|w| w[0] >= w[1]), "{name}: most saving first: {saves:?}");

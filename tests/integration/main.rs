@@ -16,6 +16,7 @@ mod hardening;
 mod hostile;
 mod js;
 mod layering;
+mod need;
 mod notebook;
 mod python_client;
 mod reader_props;
