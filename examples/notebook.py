@@ -32,6 +32,11 @@ snap.wait()
 diagnosis = snap.diagnosis()
 print("verdict:", diagnosis["verdict"])
 print(diagnosis["summary"])
+need = diagnosis["need"]
+if need.get("peak_reserved_bytes") is not None:
+    fits = {True: "fits", False: "does not fit"}.get(need.get("fits"), "cannot tell")
+    print(f"the step needs {need['peak_reserved_bytes'] / 2**30:.2f} GiB reserved; budget "
+          f"{(need.get('budget_bytes') or 0) / 2**30:.2f} GiB: {fits}")
 
 # %%
 # The timeline as a DataFrame: one row per bucket of events, min and max of each series.
@@ -47,7 +52,10 @@ print(pinners.head())
 
 # %%
 # What to change.
+# Each remedy's effect: fixes, helps (not enough), does not help, does not apply.
 for remedy in diagnosis["remedies"]:
-    mark = "APPLIES" if remedy["applies"] else "does not apply"
-    print(f"- {remedy['kind']} ({mark}): {remedy['setting_or_code'].splitlines()[0] if remedy['setting_or_code'] else ''}")
+    effect = (remedy.get("effect") or ("applies" if remedy["applies"] else "does_not_apply")).replace("_", " ")
+    print(f"- {remedy['kind']} ({effect}): {remedy['setting_or_code'].splitlines()[0] if remedy['setting_or_code'] else ''}")
     print(f"    {remedy['why']}")
+    if remedy.get("predicted"):
+        print(f"    predicted: {remedy['predicted']}")

@@ -31,6 +31,7 @@ pub type Frame = (&'static str, i64, &'static str);
 pub struct SnapshotBuilder {
     segments: Vec<V>,
     trace: Vec<V>,
+    context: Option<V>,
 }
 
 fn dict(entries: Vec<(&str, V)>) -> V {
@@ -113,12 +114,26 @@ impl SnapshotBuilder {
         self.event("free_requested", addr, size, fs).event("free_completed", addr, size, fs)
     }
 
+    /// The `fragscope_context` our capture client adds: device 0's total and budget.
+    pub fn recorded(mut self, total: u64, budget: u64) -> Self {
+        let device = dict(vec![
+            ("device", V::I64(0)),
+            ("total_bytes", V::I64(total as i64)),
+            ("budget_bytes", V::I64(budget as i64)),
+        ]);
+        self.context = Some(dict(vec![("devices", V::List(vec![device]))]));
+        self
+    }
+
     /// The pickle bytes.
     pub fn bytes(&self) -> Vec<u8> {
-        let top = vec![
+        let mut top = vec![
             ("segments", V::List(self.segments.clone())),
             ("device_traces", V::List(vec![V::List(self.trace.clone())])),
         ];
+        if let Some(c) = &self.context {
+            top.push(("fragscope_context", c.clone()));
+        }
         serde_pickle::value_to_vec(&dict(top), SerOptions::new()).expect("serde-pickle writes the snapshot")
     }
 

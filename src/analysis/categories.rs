@@ -5,7 +5,10 @@
 //!
 //! 1. No frames anywhere in the recording: `unknown` (nothing to tell phases apart).
 //! 2. Parameter: made by `nn.Module`'s `_apply` (`.cuda()`, `.to()`, `.half()`), a module's
-//!    `__init__` / `reset_parameters`, `torch/nn/parameter.py` or `torch/nn/init.py`.
+//!    `__init__` / `reset_parameters`, `torch/nn/parameter.py` or `torch/nn/init.py`; or made
+//!    before the first forward by library code alone and never freed (a checkpoint loaded
+//!    straight to the GPU: transformers' `from_pretrained(device_map=...)` copies each weight
+//!    on a thread pool whose frames name no user code).
 //! 3. Made in an optimizer phase: `temporary` if freed before that phase ends; else
 //!    `optimizer_state` if the phase ended within the trace (it outlived the step), or if the
 //!    trace ends inside it and the stack is the optimizer's `_init_group`; else `unknown`.
@@ -126,6 +129,14 @@ pub fn makes_parameters(snapshot: &Snapshot, stack: StackId) -> bool {
     })
 }
 
+/// A library loading a model (`from_pretrained` with a `device_map`, which copies each weight
+/// to the GPU on a thread pool): every frame is library code, none the user's.
+fn loads(snapshot: &Snapshot, stack: StackId) -> bool {
+    let mut frames = snapshot.stacks.frames(stack).peekable();
+    frames.peek().is_some()
+        && frames.all(|f| crate::snapshot::sites::is_library_frame(snapshot.stacks.str(f.filename)))
+}
+
 fn in_optimizer(snapshot: &Snapshot, stack: StackId) -> bool {
     snapshot.stacks.frames(stack).any(|f| snapshot.stacks.str(f.filename).replace('\\', "/").contains("torch/optim/"))
 }
@@ -196,6 +207,7 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
     }
     let last = events.len().saturating_sub(1);
     let saved = saved_for_backward(events, phases, freed);
+    let first_forward = phases.runs.iter().find(|r| r.0 == Phase::Forward).map_or(usize::MAX, |r| r.1);
     let mut run = 0;
     for (i, e) in events.iter().enumerate() {
         if e.action != Action::ALLOC || labels.by_event[i] == Category::Parameter {
@@ -228,6 +240,7 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
                 let user = phases.tag_of(e.stack) == super::phases::Tag::User;
                 match phases.next_run(run, Phase::Forward).map(|r| phases.runs[r].1) {
                     _ if freed_by(run_end) => Category::Temporary,
+                    Some(_) if i < first_forward && free.is_none() && loads(snapshot, e.stack) => Category::Parameter,
                     Some(fwd) if user && free.is_none_or(|f| f >= fwd) => Category::Input,
                     Some(fwd) if free.is_some_and(|f| f < fwd) => Category::Temporary,
                     _ => Category::Other,

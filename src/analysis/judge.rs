@@ -74,7 +74,10 @@ mod tests {
     /// that has the state S more and fails, in its forward, on a 172 MiB request while 880 MiB
     /// sit free in 44 MiB pieces, under a budget below P + S.
     fn batch_too_big_that_looks_fragmented() -> crate::snapshot::Snapshot {
-        let mut b = SnapshotBuilder::new();
+        batch_too_big(SnapshotBuilder::new())
+    }
+
+    fn batch_too_big(mut b: SnapshotBuilder) -> crate::snapshot::Snapshot {
         let at = |i: u64| BASE + i * (1 << 30);
         type Blocks = Vec<(u64, &'static str, &'static [Frame])>;
         let mut segments: Vec<(u64, u64, Blocks)> = Vec::new();
@@ -158,5 +161,25 @@ mod tests {
             g.remedies.iter().any(|r| r.kind == RemedyKind::SmallerBatch),
             "capacity remedies whatever the instant said"
         );
+    }
+
+    #[test]
+    fn a_budget_the_capture_client_recorded_decides_whether_the_step_fits() {
+        // The same job on a GPU whose recorded per-process budget (16 GiB) holds the step's
+        // ~11.8 GiB: then the pieces are what failed, and the allocator settings are the remedy.
+        let s = batch_too_big(SnapshotBuilder::new().recorded(100 << 30, 16 << 30));
+        assert_eq!(s.recorded[0].budget_bytes, Some(16 << 30));
+        let a = analyze(&s, Default::default(), Depth::Report).analysis;
+        let g = &a.devices[0].diagnosis;
+        assert_eq!(g.need.budget_bytes, Some(16 << 30));
+        assert!(g.need.budget_basis.as_deref().unwrap_or("").contains("recorded at capture"), "{:?}", g.need);
+        assert_eq!(g.need.fits, Some(true));
+        assert_eq!(g.verdict, DiagnosisVerdict::Fragmentation, "{}", g.summary);
+        // With the device's total recorded, what the process held outside PyTorch is told:
+        // 100 GiB total, 80 GiB free by the OOM event, 8984 MiB reserved at the OOM.
+        let outside = g.outside.as_ref().expect("the outside memory is told");
+        assert_eq!(outside.device_total_bytes, Some(100 << 30));
+        assert_eq!(outside.reserved_bytes, 8984 * MIB);
+        assert_eq!(outside.outside_bytes, Some((20 << 30) - 8984 * MIB));
     }
 }

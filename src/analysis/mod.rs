@@ -332,7 +332,12 @@ fn analyze_device(
     let capture = capture.take().unwrap_or_else(|| memory::Capture::new(&initial, false));
     let memory = memory::memory(snapshot, d, &replay, &index, &capture, &peak, steps);
     drop(capture);
-    let known = need::Known { capacity: options.capacity, recorded_budget: None, device_total: options.device_total };
+    let recorded = snapshot.recorded.iter().find(|r| r.device == d.device);
+    let known = need::Known {
+        capacity: options.capacity,
+        recorded_budget: recorded.and_then(|r| r.budget_bytes),
+        device_total: options.device_total.or(recorded.and_then(|r| r.total_bytes)),
+    };
     let peak_mix = memory.breakdown.iter().find(|b| b.moment == Moment::Peak).map(need::Mix::of_breakdown);
     diagnosis.need = need::project(&need::Inputs {
         snapshot,

@@ -205,10 +205,41 @@ fn simulate(
             ),
         }
         .unwrap_or(());
+        if let (None, Some(at)) = (&outcome.oom, outcome.trace_oom_event) {
+            let _ = writeln!(text, "{}", step_still_needs(&snap, d, at, settings.capacity));
+        }
     }
     // A closed pipe (`| head`) is not an error worth a panic.
     let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
     Ok(Ok(()))
+}
+
+/// What a replay that got past the trace's OOM cannot show: the rest of the step, which the
+/// trace never recorded. The analysis's projection of what the step needed says it.
+fn step_still_needs(snap: &crate::snapshot::Snapshot, d: &crate::snapshot::Device, at: u64, capacity: Option<u64>) -> String {
+    let options = analysis::Options { capacity, device_total: None };
+    let a = analysis::analyze_with(snap, crate::snapshot::Source::default(), analysis::Depth::Report, options);
+    let Some(need) = a.analysis.devices.iter().find(|x| x.device == d.device).map(|x| &x.diagnosis.need) else {
+        return String::new();
+    };
+    let head = format!(
+        "  the trace ends at its OOM (event {at}): this replay shows only that the failing request would have been served"
+    );
+    match (need.peak_allocated_bytes, need.peak_reserved_bytes, need.budget_bytes) {
+        (Some(alloc), Some(res), Some(budget)) => format!(
+            "{head}; the step still needed {} allocated ({} reserved), {} the {} budget. {}",
+            bytes(alloc),
+            bytes(res),
+            match need.fits {
+                Some(true) => "which fits",
+                Some(false) => "more than",
+                None => "about",
+            },
+            bytes(budget),
+            need.basis
+        ),
+        _ => format!("{head}; what the rest of the step needed cannot be projected: {}", need.basis),
+    }
 }
 
 /// The device `--device` names, else the first; a usage error naming the devices there are.

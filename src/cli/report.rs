@@ -15,6 +15,23 @@ const SITES: usize = 5;
 pub fn write_diagnosis(out: &mut impl Write, d: &DeviceAnalysis) -> std::io::Result<()> {
     writeln!(out, "  verdict: {}", d.diagnosis.verdict.as_str().replace('_', " "))?;
     writeln!(out, "  {}", d.diagnosis.summary)?;
+    let need = &d.diagnosis.need;
+    if let (Some(a), Some(r), false) = (need.peak_allocated_bytes, need.peak_reserved_bytes, d.ooms.is_empty()) {
+        let budget = match (need.budget_bytes, need.budget_upper_bytes) {
+            (Some(b), Some(u)) => format!("; budget {} to {}", bytes(b), bytes(u)),
+            (Some(b), None) => format!("; budget {}", bytes(b)),
+            _ => String::new(),
+        };
+        let fits = match need.fits {
+            Some(true) => ": fits",
+            Some(false) => ": does not fit",
+            None => ": cannot tell",
+        };
+        writeln!(out, "  the step needs {} allocated, {} reserved{budget}{fits}", bytes(a), bytes(r))?;
+    }
+    if let Some(o) = &d.diagnosis.outside {
+        writeln!(out, "  outside PyTorch: {}", o.basis)?;
+    }
     let at = d
         .memory
         .breakdown
@@ -74,7 +91,10 @@ pub fn write_diagnosis(out: &mut impl Write, d: &DeviceAnalysis) -> std::io::Res
             writeln!(out, "    | {line}")?;
         }
     }
-    if !d.diagnosis.remedies.iter().any(|r| r.applies && r.fit.effect != Some(Effect::DoesNotApply)) {
+    let useful = |r: &&crate::analysis::advice::Remedy| {
+        r.applies && !matches!(r.fit.effect, Some(Effect::DoesNotApply | Effect::DoesNotHelp))
+    };
+    if !d.diagnosis.remedies.iter().any(|r| useful(&r)) {
         writeln!(out, "  remedy: none applies")?;
     }
     Ok(())

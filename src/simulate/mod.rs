@@ -91,6 +91,11 @@ pub struct Outcome {
     pub final_reserved_bytes: u64,
     /// Free bytes pinned by live blocks after the last replayed event.
     pub pinned_free_bytes_at_end: u64,
+    /// The event of the trace's own OOM, where it has one: a snapshot taken at an OOM ends
+    /// there, so a replay that gets past it shows only that this request was served, not that
+    /// the rest of the step fits (the analysis's `diagnosis.need` says what the step needed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_oom_event: Option<u64>,
 }
 
 /// Torch's defaults with `conf` applied; an error names the key or value it cannot read.
@@ -406,6 +411,7 @@ pub fn simulate(snapshot: &Snapshot, device: &Device, settings: &Settings) -> Re
         oom: sim.oom,
         final_reserved_bytes: sim.alloc.reserved,
         pinned_free_bytes_at_end: sim.alloc.pinned_free_bytes(),
+        trace_oom_event: snapshot.device_events(device).iter().position(|e| e.action == Action::OOM).map(|i| i as u64),
     })
 }
 

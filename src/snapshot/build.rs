@@ -11,15 +11,15 @@ use super::expansion::{MAX_SEGMENTS, MIN_BLOCK, repeated, take, take_run};
 use super::sink::{STACK_TAG, SnapshotSink, found};
 
 use super::{
-    Annotation, Block, BlockState, Device, Event, Extra, ModelError, NO_TIME, Pool, PoolKind, Segment, Snapshot,
+    Annotation, Block, BlockState, Device, Event, Extra, ModelError, NO_TIME, Pool, PoolKind, Recorded, Segment, Snapshot,
 };
 
 /// Builds the model from a finished read and the sink that listened to it.
 pub fn build(parsed: Parsed, mut sink: SnapshotSink) -> Result<Snapshot, ModelError> {
     let Parsed { root, mut heap, .. } = parsed;
     let key = |name: &str| heap.strings.find(name);
-    let (segments, traces, settings, annotations, legacy) = match root {
-        Value::Node(id) if heap.kind(id) == Kind::List => (Some(root), None, None, None, true),
+    let (segments, traces, settings, annotations, context, legacy) = match root {
+        Value::Node(id) if heap.kind(id) == Kind::List => (Some(root), None, None, None, None, true),
         Value::Node(id) if heap.kind(id) == Kind::Dict => {
             let get = |name: &str| key(name).and_then(|k| heap.get(id, k));
             let Some(segments) = get("segments") else {
@@ -34,7 +34,14 @@ pub fn build(parsed: Parsed, mut sink: SnapshotSink) -> Result<Snapshot, ModelEr
                 let found = format!("a dict with keys [{}]", keys.join(", "));
                 return Err(ModelError::new("(top level)", "a CUDA memory snapshot (a dict with 'segments')", found));
             };
-            (Some(segments), get("device_traces"), get("allocator_settings"), get("external_annotations"), false)
+            (
+                Some(segments),
+                get("device_traces"),
+                get("allocator_settings"),
+                get("external_annotations"),
+                get("fragscope_context"),
+                false,
+            )
         }
         other => {
             return Err(ModelError::new(
@@ -62,6 +69,10 @@ pub fn build(parsed: Parsed, mut sink: SnapshotSink) -> Result<Snapshot, ModelEr
         Some(v) => w.annotations(v)?,
         None => Vec::new(),
     };
+    let recorded = match context {
+        Some(v) => recorded(&to_json(&heap, v, &mut 1_000)),
+        None => Vec::new(),
+    };
     let (mut devices, events, times, extras) = split_devices(by_device, traces, sink.events, sink.times, sink.extras);
     let mut warnings = Vec::new();
     for d in &mut devices {
@@ -79,9 +90,29 @@ pub fn build(parsed: Parsed, mut sink: SnapshotSink) -> Result<Snapshot, ModelEr
         unknown_actions: sink.unknown_actions,
         allocator_settings,
         annotations,
+        recorded,
         legacy,
         warnings,
     })
+}
+
+/// `fragscope_context`, the key our capture client adds beside torch's: per device, its total
+/// memory and the per-process budget. Malformed entries are skipped, not errors: the context
+/// only sharpens the diagnosis, and a snapshot without it is still whole.
+fn recorded(v: &serde_json::Value) -> Vec<Recorded> {
+    let Some(devices) = v.get("devices").and_then(|d| d.as_array()) else { return Vec::new() };
+    devices
+        .iter()
+        .take(64)
+        .filter_map(|d| {
+            let field = |k: &str| d.get(k).and_then(|x| x.as_u64()).filter(|&n| n > 0);
+            Some(Recorded {
+                device: d.get("device")?.as_i64()?,
+                total_bytes: field("total_bytes"),
+                budget_bytes: field("budget_bytes"),
+            })
+        })
+        .collect()
 }
 
 /// Arranges events device after device (a move, in the usual case where they already are) and

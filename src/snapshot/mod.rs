@@ -45,6 +45,8 @@ pub struct Snapshot {
     pub allocator_settings: Option<serde_json::Value>,
     /// `external_annotations` (torch >= 2.5): named ranges such as optimizer steps.
     pub annotations: Vec<Annotation>,
+    /// What fragscope's capture client recorded about each device (`fragscope_context`).
+    pub recorded: Vec<Recorded>,
     /// The file was a bare list of segments (before torch added traces).
     pub legacy: bool,
     /// Contradictions found in the file and how they were repaired.
@@ -230,6 +232,17 @@ pub struct Block {
     pub state: BlockState,
     /// Stack of the request that made it live.
     pub stack: StackId,
+}
+
+/// A device's memory as the capture client read it when it took the snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded {
+    /// The CUDA device index.
+    pub device: i64,
+    /// `torch.cuda.mem_get_info()`'s total.
+    pub total_bytes: Option<u64>,
+    /// The total times `torch.cuda.get_per_process_memory_fraction()`, where set below 1.
+    pub budget_bytes: Option<u64>,
 }
 
 /// One `record_function` range boundary from `external_annotations`.

@@ -28,12 +28,16 @@ impl std::fmt::Display for CallSite {
     }
 }
 
-/// Frames in torch itself or in native code, which no user edits to fix their memory.
+/// Frames in torch itself, in installed packages and the standard library, or in native code,
+/// which no user edits to fix their memory.
 pub fn is_library_frame(filename: &str) -> bool {
     let f = filename.replace('\\', "/");
     f.contains("/torch/")
+        || f.contains("/site-packages/")
+        || f.contains("/dist-packages/")
+        || f.contains("/lib/python3")
+        || f.starts_with("<frozen ")
         || f.starts_with("torch/")
-        || f.contains("/site-packages/torch")
         || [".cpp", ".h", ".cu", ".cuh", ".cc"].iter().any(|ext| f.ends_with(ext))
         || f == "??"
         || f.is_empty()
@@ -66,5 +70,7 @@ mod tests {
         assert!(is_library_frame("c10/cuda/CUDACachingAllocator.cpp"));
         assert!(!is_library_frame("repro/gen_real_snapshots.py"));
         assert!(!is_library_frame("/home/me/torchvision_utils.py"));
+        assert!(is_library_frame("/usr/lib/python3.12/concurrent/futures/thread.py"));
+        assert!(is_library_frame("/opt/venv/lib/python3.12/site-packages/transformers/modeling_utils.py"));
     }
 }

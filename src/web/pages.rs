@@ -99,10 +99,10 @@ struct DeviceCard {
 
 struct RemedyView {
     title: &'static str,
-    /// The badge follows the prediction: fixes it, helps (not enough), does not apply; a remedy
-    /// the model could not run says only that it applies.
+    /// The badge follows the prediction: fixes it, helps (not enough), does not help, does not
+    /// apply; a remedy the model could not run says only that it applies.
     badge: &'static str,
-    /// `fixes`, `helps`, `applies` or `no`: the card's style.
+    /// `fixes`, `helps`, `applies`, `nohelp` or `no`: the card's style.
     effect_class: &'static str,
     code: String,
     why: String,
@@ -281,7 +281,8 @@ async fn fill(app: &AppState, row: &SnapshotRow, page: &mut Snapshot) -> Result<
 fn device_card(d: &DeviceAnalysis) -> DeviceCard {
     let dg = &d.diagnosis;
     let oom = d.ooms.first();
-    let figures = match oom {
+    let need = &dg.need;
+    let mut figures = match oom {
         Some(o) => vec![
             ("requested".into(), bytes(o.requested_bytes)),
             ("reserved".into(), bytes(o.reserved_bytes)),
@@ -296,6 +297,21 @@ fn device_card(d: &DeviceAnalysis) -> DeviceCard {
             ("peak reserved".into(), bytes(d.peak.reserved_bytes)),
         ],
     };
+    if oom.is_some()
+        && let Some(n) = need.peak_reserved_bytes
+    {
+        figures.push(("the step needs (reserved)".into(), bytes(n)));
+    }
+    if let Some(b) = need.budget_bytes {
+        let budget = match need.budget_upper_bytes {
+            Some(u) => format!("{} to {}", bytes(b), bytes(u)),
+            None => bytes(b),
+        };
+        figures.push(("budget".into(), budget));
+    }
+    if let Some(out) = dg.outside.as_ref().and_then(|o| o.outside_bytes) {
+        figures.push(("held outside PyTorch".into(), bytes(out)));
+    }
     let events = d.trace.events;
     let remedies = dg
         .remedies
@@ -306,6 +322,7 @@ fn device_card(d: &DeviceAnalysis) -> DeviceCard {
             effect_class: match (r.fit.effect, r.applies) {
                 (Some(Effect::Fixes), _) => "fixes",
                 (Some(Effect::Helps), _) => "helps",
+                (Some(Effect::DoesNotHelp), _) => "nohelp",
                 (None, true) => "applies",
                 _ => "no",
             },
@@ -322,7 +339,8 @@ fn device_card(d: &DeviceAnalysis) -> DeviceCard {
         "fixes" => 0,
         "applies" => 1,
         "helps" => 2,
-        _ => 3,
+        "nohelp" => 3,
+        _ => 4,
     });
     let mut warnings: Vec<String> = d.replay.first_warnings.clone();
     warnings.extend(d.replay.mismatches.iter().cloned());
@@ -335,16 +353,20 @@ fn device_card(d: &DeviceAnalysis) -> DeviceCard {
         }
         None => format!("Really: no OOM, peak {} reserved.", bytes(d.peak.reserved_bytes)),
     };
+    let against = match (need.peak_reserved_bytes, need.budget_bytes, oom) {
+        (Some(n), Some(b), Some(_)) => format!(": the step needs {} of {}", bytes(n), bytes(b)),
+        _ => String::new(),
+    };
     let (verdict, verdict_class) = match dg.verdict {
-        DiagnosisVerdict::Fragmentation => ("Out of memory: fragmentation", "bad"),
-        DiagnosisVerdict::Capacity => ("Out of memory: capacity", "warn"),
-        DiagnosisVerdict::NoOom => ("No OOM in this trace", "ok"),
+        DiagnosisVerdict::Fragmentation => (format!("Out of memory: fragmentation{against}"), "bad"),
+        DiagnosisVerdict::Capacity => (format!("Out of memory: capacity{against}"), "warn"),
+        DiagnosisVerdict::NoOom => ("No OOM in this trace".to_string(), "ok"),
     };
     DeviceCard {
         budget: oom.map(|o| format!("{}MiB", o.reserved_bytes >> 20)).unwrap_or_default(),
         real,
         device: d.device,
-        verdict: verdict.into(),
+        verdict,
         verdict_class,
         summary: dg.summary.clone(),
         figures,

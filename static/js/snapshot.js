@@ -160,7 +160,8 @@ function ready() {
     if (!r.ok) return;
     const tl = decodeTimeline(await r.arrayBuffer());
     const dev = (analysis || (await analysisLoaded)).devices.find((d) => d.device === state.device);
-    timeline.setData(tl, dev ? dev.ooms : [], dev && dev.steps ? dev.steps : []);
+    const need = dev && dev.diagnosis ? dev.diagnosis.need : null;
+    timeline.setData(tl, dev ? dev.ooms : [], dev && dev.steps ? dev.steps : [], need, events());
     timeline.setCursor(state.event);
   }
 

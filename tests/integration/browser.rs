@@ -137,7 +137,8 @@ fn upload_in_the_browser_lands_on_the_page() {
         assert!(c.current_url().await.unwrap().path().starts_with("/s/"), "did not land on the snapshot page");
         wait_ready(&c).await;
         let verdict = c.find(Locator::Css(".verdict h2")).await.unwrap().text().await.unwrap();
-        assert_eq!(verdict, "Out of memory: fragmentation");
+        // The headline names the verdict, then what the step needs against the budget.
+        assert!(verdict.starts_with("Out of memory: fragmentation: the step needs "), "{verdict}");
         screenshot(&c, "upload-landed").await;
         c.goto(&server.url("/")).await.unwrap();
         let recent = c.find(Locator::Css("table.recent td a")).await.unwrap().text().await.unwrap();
@@ -432,6 +433,31 @@ fn a_page_load_asks_for_each_piece_of_its_first_view_once() {
                 assert!(urls.iter().any(|u| u.contains("timeline?start=1&end=5")), "{urls:?}");
             }
         }
+        c.close().await.unwrap();
+    });
+}
+
+/// A capacity OOM that a batch too big for its budget made: the headline says what the step
+/// needed against the budget, and the timeline draws that need above the trace's end with the
+/// budget's line, since the snapshot ends at the OOM (#30).
+#[test]
+fn the_page_shows_what_the_step_needed_against_the_budget() {
+    let Some(d) = driver() else { return };
+    let server = TestServer::start(&[]);
+    let id = server.upload(&fixtures().join("jobs/ladder_b20_oom.pickle.zst"))["id"].as_str().unwrap().to_string();
+    server.wait_done(&id);
+    let need = server.get_json(&format!("/api/v1/snapshots/{id}/diagnosis"))[0]["diagnosis"]["need"].clone();
+    runtime().block_on(async {
+        let c = browser(&d).await;
+        c.goto(&server.url(&format!("/s/{id}"))).await.unwrap();
+        wait_ready(&c).await;
+        let head = js(&c, "return document.querySelector('.verdict h2').textContent").await;
+        assert!(head.as_str().unwrap().starts_with("Out of memory: capacity: the step needs"), "{head}");
+        let drawn = js(&c, "const t = document.getElementById('timeline').dataset; return [Number(t.need), Number(t.budget)]").await;
+        assert_eq!(drawn, json!([need["peak_reserved_bytes"], need["budget_bytes"]]), "{need}");
+        let badges = js(&c, "return [...document.querySelectorAll('.remedy .tag')].map(t => t.textContent)").await;
+        assert!(badges.as_array().unwrap().iter().any(|b| b == "fixes it"), "{badges}");
+        screenshot(&c, "capacity-need").await;
         c.close().await.unwrap();
     });
 }

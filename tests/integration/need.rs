@@ -20,12 +20,23 @@ fn job_analysis(name: &str) -> Value {
     analyze_json(&jobs().join(format!("{name}.pickle.zst")))
 }
 
-/// An OOM snapshot and the reruns of its job: (no budget, half the batch, Adafactor).
-const LADDER: [(&str, &str, &str, &str); 4] = [
+/// An OOM snapshot and the reruns of its job: (no budget, half the batch, Adafactor). GPT-2
+/// jobs from `../shared`, and a Llama job made the same way (`tests/gpu/gen_more_jobs.py`).
+const LADDER: [(&str, &str, &str, &str); 7] = [
     ("ladder_b24_oom", "free_b24", "ladder_b12", "ladder_b24_adafactor"),
     ("ladder_b12b24_oom", "free_b24", "ladder_b12", "ladder_b24_adafactor"),
     ("ladder_b20_oom", "free_b20", "ladder_b10", "ladder_b20_adafactor"),
     ("step2_b8_oom", "step2_free_b8", "step2_b4", "step2_b8_adafactor"),
+    ("llama_b16_oom", "llama_free_b16", "llama_b8", "llama_b16_adafactor"),
+    ("llama_b8b16_oom", "llama_free_b16", "llama_b8", "llama_b16_adafactor"),
+    ("llama_s2_b16_oom", "llama_free_b16", "llama_s2_b8", "llama_s2_b16_adafactor"),
+];
+
+/// The Llama jobs' gradient-checkpointing reruns (the GPT-2 ones did not complete).
+const CHECKPOINTED: [(&str, &str); 3] = [
+    ("llama_b16_oom", "llama_b16_ckpt"),
+    ("llama_b8b16_oom", "llama_b16_ckpt"),
+    ("llama_s2_b16_oom", "llama_s2_b16_ckpt"),
 ];
 
 fn within(got: u64, want: u64, pct: f64) -> bool {
@@ -109,6 +120,23 @@ fn a_lighter_optimizer_fixes_exactly_where_the_adafactor_rerun_fit() {
         let r = remedy(d, "lighter_optimizer");
         let fixes = r.is_some_and(|r| r["effect"] == "fixes");
         assert_eq!(fixes, fit, "{oom}: the Adafactor rerun {}: {r:?}", if fit { "fit" } else { "still ran out" });
+    }
+}
+
+#[test]
+fn checkpointing_is_predicted_to_fix_and_to_peak_within_15_percent_of_its_rerun() {
+    for (oom, ckpt) in CHECKPOINTED {
+        let ckpt = job_truth(ckpt);
+        assert!(ckpt["info"]["oom"].is_null() && ckpt["info"]["checkpointing"] == true, "{oom}");
+        let d = &job_analysis(oom)["devices"][0];
+        let r = remedy(d, "activation_checkpointing").unwrap_or_else(|| panic!("{oom}: no checkpointing"));
+        assert_eq!(r["effect"], "fixes", "{oom}: {r}");
+        let (got, want) = (r["predicted_peak_bytes"].as_u64().unwrap(), ckpt["info"]["max_reserved"].as_u64().unwrap());
+        assert!(within(got, want, 15.0), "{oom}: checkpointing predicted {got}, the rerun peaked at {want}");
+        // The layer to wrap is the decoder layer the model's loop calls, not the user's line.
+        let layers = &d["diagnosis"]["need"]["layers"];
+        assert!(layers["call_site"]["filename"].as_str().unwrap().ends_with("llama/modeling_llama.py"), "{layers}");
+        assert_eq!(layers["calls"], ckpt["info"]["model"]["layers"], "{layers}");
     }
 }
 

@@ -35,7 +35,8 @@ fn the_notebook_uploads_waits_and_loads_dataframes() {
         server.get_json(&format!("/api/v1/snapshots/{id}/analysis"))["devices"][0]["trace"]["events"].as_u64().unwrap();
     assert!(text.contains(&format!("timeline: {events} rows")), "{text}");
     assert!(text.contains("pinners: 1 rows"), "{text}");
-    assert!(text.contains("mempool (APPLIES)"), "{text}");
+    // Each remedy with its effect (#30: "fixes" only where the step fits).
+    assert!(text.contains("mempool (fixes)"), "{text}");
 }
 
 #[test]

@@ -33,6 +33,7 @@ def capture(url, token=None, run=None, rank=None, max_entries=100_000, max_uploa
                     return
                 _state["sent"] += 1
             snapshot = torch.cuda.memory._snapshot()
+            snapshot["fragscope_context"] = {"devices": [_device_context(torch, device)]}
             who = f"rank{rank}" if rank is not None else "process"
             name = f"{run or 'job'}-{who}-oom-cuda{device}.pickle"
             note = f"captured at an OOM on cuda:{device}: {alloc} bytes asked, {device_free} free on the device"
@@ -47,6 +48,23 @@ def capture(url, token=None, run=None, rank=None, max_entries=100_000, max_uploa
     torch._C._cuda_attach_out_of_memory_observer(observer)
     _state["observer"] = observer
     return run, rank
+
+
+def _device_context(torch, device):
+    """What the snapshot does not record and the diagnosis needs: the device's total memory and
+    the per-process budget (`set_per_process_memory_fraction`), read without a CUDA call that
+    could allocate (the observer runs inside a failed allocation)."""
+    context = {"device": int(device)}
+    try:
+        total = int(torch.cuda.get_device_properties(device).total_memory)
+        context["total_bytes"] = total
+        get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        fraction = float(get_fraction(device)) if get_fraction is not None else 1.0
+        if 0.0 < fraction < 1.0:
+            context["budget_bytes"] = int(total * fraction)
+    except Exception:  # the context only sharpens the diagnosis; the snapshot goes without it
+        pass
+    return context
 
 
 def stop():

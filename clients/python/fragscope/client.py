@@ -118,6 +118,18 @@ class Snapshot:
         device = self._device(device)
         return next(d for d in self.client._get(f"/api/v1/snapshots/{self.id}/diagnosis") if d["device"] == device)["diagnosis"]
 
+    def need(self, device=None):
+        """What the step that died needed, against the budget (`peak_allocated_bytes`,
+        `peak_reserved_bytes`, `budget_bytes`, `fits`, `basis`): a snapshot taken at an OOM ends
+        at the OOM, so this is projected from the steps the trace does show. For a run without
+        an OOM, its own peak."""
+        return self.diagnosis(device)["need"]
+
+    def remedies(self, device=None):
+        """The remedies, each with its `effect`: `fixes`, `helps` (the run gets further, or
+        saves memory, but not enough), `does_not_help` or `does_not_apply`."""
+        return self.diagnosis(device)["remedies"]
+
     def timeline(self, device=None, points=2000, frame=False):
         """Memory over the events in `points` buckets: per series the bucket's min and max. With
         `frame=True`, a DataFrame with one row per bucket (`event`, `time_us`, `<series>_min`,

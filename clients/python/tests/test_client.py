@@ -119,7 +119,9 @@ class AgainstTheServer(unittest.TestCase):
         torch = types.ModuleType("torch")
         torch.cuda = types.SimpleNamespace(memory=types.SimpleNamespace(
             _record_memory_history=lambda **kw: hooks.setdefault("record", kw),
-            _snapshot=lambda: snapshot))
+            _snapshot=lambda: snapshot),
+            get_device_properties=lambda d: types.SimpleNamespace(total_memory=16 << 30),
+            get_per_process_memory_fraction=lambda d: 0.5)
         torch._C = types.SimpleNamespace(_cuda_attach_out_of_memory_observer=lambda f: hooks.setdefault("observer", f))
         saved = sys.modules.get("torch")
         sys.modules["torch"] = torch
@@ -145,6 +147,14 @@ class AgainstTheServer(unittest.TestCase):
         view = fragscope.Client(URL).run(run_url.rsplit("/", 1)[1]).view()
         self.assertEqual(view["name"], "elastic-42")
         self.assertEqual([r["rank"] for r in view["ranks"]], [3])
+        # The device's total and the per-process budget went with the snapshot, and the
+        # diagnosis weighs the step against that budget.
+        snap = fragscope.Client(URL).run(run_url.rsplit("/", 1)[1]).snapshots()[0]
+        snap.wait()
+        diagnosis = snap.diagnosis()
+        self.assertEqual(diagnosis["need"]["budget_bytes"], 8 << 30)
+        self.assertIn("recorded at capture", diagnosis["need"]["budget_basis"])
+        self.assertEqual(diagnosis["outside"]["device_total_bytes"], 16 << 30)
 
 
 class Defaults(unittest.TestCase):

@@ -110,6 +110,22 @@ impl Need {
         }
     }
 
+    /// The same need against another budget (one the user names).
+    pub fn with_budget(&self, budget: u64) -> Need {
+        let mut n = self.clone();
+        n.budget_bytes = Some(budget);
+        n.budget_upper_bytes = None;
+        n.budget_basis = Some(format!("{} as given", bytes(budget)));
+        n.fits = n.peak_allocated_bytes.map(|a| (a as f64 * TIGHTEST, n.reserved(a))).and_then(|(tight, r)| {
+            if tight > budget as f64 {
+                Some(false)
+            } else {
+                (r <= budget).then_some(true)
+            }
+        });
+        n
+    }
+
     /// Whether a peak of `reserved` bytes surely fits the budget.
     pub fn surely_fits(&self, reserved: u64) -> Option<bool> {
         self.budget_bytes.map(|b| reserved <= b)
@@ -229,7 +245,7 @@ fn projection(x: &Inputs, oom: &Oom, state: &State) -> Need {
                 l.saved_bytes_per_call = (l.saved_bytes_per_call as f64 * p.ratio) as u64;
                 l.input_bytes = (l.input_bytes as f64 * p.ratio) as u64;
             }
-            let what = if steps.from_phases { "step" } else { "repetition" };
+            let (what, of) = if steps.from_phases { ("step", "") } else { ("repetition", " of the loop") };
             let scaled = if (p.ratio - 1.0).abs() < 0.02 {
                 "at the same sizes".to_string()
             } else {
@@ -237,7 +253,7 @@ fn projection(x: &Inputs, oom: &Oom, state: &State) -> Need {
             };
             return Need {
                 basis: format!(
-                    "Projected from {what} {} of the loop ({:.0}% of the dying {what}'s requests matched it by call site, {scaled}): what was alive when {what} {k} began, plus what {what} {} made and freed within itself, scaled to the dying {what}'s sizes.",
+                    "Projected from {what} {}{of} ({:.0}% of the dying {what}'s requests matched it by call site, {scaled}): what was alive when {what} {k} began, plus what {what} {} made and freed within itself, scaled to the dying {what}'s sizes.",
                     k - 1,
                     100.0 * p.matched,
                     k - 1

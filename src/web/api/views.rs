@@ -375,12 +375,14 @@ pub(crate) struct SimulateQuery {
     capacity: Option<String>,
 }
 
-/// The trace replayed through the allocator model under other settings (see `simulate`).
+/// The trace replayed through the allocator model under other settings (see `simulate`); where
+/// the replay gets past the trace's own OOM, with what the step still needed (`step_need`), which
+/// the replay cannot show: the trace ends at the OOM.
 pub(crate) async fn simulate(
     State(app): State<AppState>,
     Path((id, device)): Path<(String, i64)>,
     Query(q): Query<SimulateQuery>,
-) -> Result<Json<crate::simulate::Outcome>, ApiError> {
+) -> Result<Json<serde_json::Value>, ApiError> {
     let row = app.ready(&id).await?;
     let capacity = match q.capacity.as_deref().filter(|c| !c.is_empty()) {
         Some(c) => Some(crate::config::parse_size(c).map_err(ApiError::BadRequest)?),
@@ -399,8 +401,20 @@ pub(crate) async fn simulate(
         app.service.worker.simulations.try_acquire().map_err(|_| {
             ApiError::Busy("two simulations are running on this server: try again in a few seconds".into())
         })?;
-    on_device(&app, &row, device, move |entry, _, d| {
-        crate::simulate::simulate(&entry.snapshot, d, &settings).map(Json).map_err(ApiError::BadRequest)
+    let outcome = on_device(&app, &row, device, move |entry, _, d| {
+        crate::simulate::simulate(&entry.snapshot, d, &settings).map_err(ApiError::BadRequest)
     })
-    .await
+    .await?;
+    let mut body = serde_json::to_value(&outcome).map_err(|e| ApiError::Internal(e.to_string()))?;
+    if outcome.oom.is_none() && outcome.trace_oom_event.is_some() {
+        let analysis = app.service.analysis(&row).await?;
+        if let Some(need) = analysis.devices.iter().find(|x| x.device == device).map(|x| &x.diagnosis.need) {
+            let need = match capacity {
+                Some(c) => need.with_budget(c),
+                None => need.clone(),
+            };
+            body["step_need"] = serde_json::to_value(need).map_err(|e| ApiError::Internal(e.to_string()))?;
+        }
+    }
+    Ok(Json(body))
 }

@@ -1,7 +1,8 @@
 // The memory timeline on a canvas: reserved, allocated, active and pinned bytes over events
 // (min-max bands from the server's buckets), OOM markers, step boundaries, segment creations,
-// and a cursor that
-// is dragged or stepped with the arrow keys. Shift-drag selects a range to zoom into.
+// what the step that died needed (a line above the trace's end: a snapshot taken at an OOM
+// ends there) against the budget, and a cursor that is dragged or stepped with the arrow keys.
+// Shift-drag selects a range to zoom into.
 
 import { fit as fitCanvas } from "./canvas.js";
 import { bucketOf, peak, growth } from "../data/columns.js";
@@ -23,11 +24,21 @@ export class Timeline {
     this.bind();
   }
 
-  setData(tl, ooms, steps = []) {
+  setData(tl, ooms, steps = [], need = null, events = 0) {
     this.tl = tl;
     this.ooms = ooms;
     this.steps = steps;
+    this.need = need;
+    this.events = events;
     this.draw();
+  }
+
+  // The projected need and the budget to draw: only where the trace died of an OOM and the
+  // view reaches its end.
+  needLines() {
+    const n = this.need;
+    if (!n || !this.ooms.length || n.method === "observed" || !this.tl || this.tl.end < this.events) return null;
+    return { need: n.peak_reserved_bytes || 0, budget: n.budget_bytes || 0 };
   }
 
   setCursor(event) {
@@ -52,7 +63,8 @@ export class Timeline {
     const { ctx, w, h } = fitCanvas(c);
     const tl = this.tl;
     if (!tl || tl.n === 0) return;
-    const top = peak(tl, ["reserved_bytes"]) * 1.05 || 1;
+    const lines = this.needLines();
+    const top = Math.max(peak(tl, ["reserved_bytes"]), lines ? Math.max(lines.need, lines.budget) : 0) * 1.05 || 1;
     const y = (v) => h - PAD.b - (v / top) * (h - PAD.t - PAD.b);
     const step = (w - PAD.l - PAD.r) / tl.n;
     // Reserved as the backdrop; allocated from zero; pinned free memory stacked on allocated
@@ -101,6 +113,7 @@ export class Timeline {
       ctx.stroke();
       ctx.fillText("OOM", Math.min(x + 3, w - 30), PAD.t + 10);
     }
+    if (lines) this.drawNeed(ctx, lines, y, w);
     ctx.fillStyle = "#334";
     ctx.fillText(bytes(top / 1.05), 4, PAD.t + 4);
     ctx.fillText("0", 4, h - PAD.b);
@@ -129,6 +142,33 @@ export class Timeline {
       ctx.fillStyle = "rgba(26, 95, 180, .15)";
       ctx.fillRect(Math.min(this.brush.a, this.brush.b), PAD.t, Math.abs(this.brush.b - this.brush.a), h - PAD.t - PAD.b);
     }
+  }
+
+  // The budget as a dashed line across; the step's projected need as a bar over the last
+  // stretch of the trace, where the step died.
+  drawNeed(ctx, { need, budget }, y, w) {
+    const right = w - PAD.r;
+    if (budget) {
+      ctx.strokeStyle = "#b3261e";
+      ctx.setLineDash([6, 4]);
+      ctx.beginPath();
+      ctx.moveTo(PAD.l, Math.round(y(budget)) + 0.5);
+      ctx.lineTo(right, Math.round(y(budget)) + 0.5);
+      ctx.stroke();
+      ctx.setLineDash([]);
+      ctx.fillStyle = "#b3261e";
+      ctx.fillText(`budget ${bytes(budget)}`, PAD.l + 4, y(budget) - 3);
+    }
+    if (need) {
+      const from = Math.max(PAD.l, right - Math.max(60, (right - PAD.l) * 0.12));
+      ctx.fillStyle = "#7a4fb5";
+      ctx.fillRect(from, Math.round(y(need)) - 1, right - from, 3);
+      const label = `step needs ${bytes(need)}`;
+      ctx.fillText(label, Math.max(PAD.l, right - ctx.measureText(label).width), y(need) - 4);
+    }
+    // What the browser tests read: the lines drawn.
+    this.canvas.dataset.need = String(need);
+    this.canvas.dataset.budget = String(budget);
   }
 
   bind() {
