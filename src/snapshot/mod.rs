@@ -239,7 +239,7 @@ pub struct Block {
 pub struct Recorded {
     /// The CUDA device index.
     pub device: i64,
-    /// `torch.cuda.mem_get_info()`'s total.
+    /// `torch.cuda.get_device_properties(d).total_memory`.
     pub total_bytes: Option<u64>,
     /// The total times `torch.cuda.get_per_process_memory_fraction()`, where set below 1.
     pub budget_bytes: Option<u64>,

@@ -116,14 +116,21 @@ impl Need {
         n.budget_bytes = Some(budget);
         n.budget_upper_bytes = None;
         n.budget_basis = Some(format!("{} as given", bytes(budget)));
-        n.fits = n.peak_allocated_bytes.map(|a| (a as f64 * TIGHTEST, n.reserved(a))).and_then(|(tight, r)| {
-            if tight > budget as f64 {
-                Some(false)
-            } else {
-                (r <= budget).then_some(true)
-            }
-        });
+        n.fits = n.peak_allocated_bytes.and_then(|a| n.fits_between(a, budget, budget));
         n
+    }
+
+    /// Whether a peak of `alloc` allocated bytes fits a budget known to lie in `lower..=upper`:
+    /// no when even its tightest packing is above the top, yes when its reserved bytes are
+    /// within the bottom, else it cannot be told.
+    fn fits_between(&self, alloc: u64, lower: u64, upper: u64) -> Option<bool> {
+        if alloc as f64 * TIGHTEST > upper as f64 {
+            Some(false)
+        } else if self.reserved(alloc) <= lower {
+            Some(true)
+        } else {
+            None
+        }
     }
 
     /// Whether a peak of `reserved` bytes surely fits the budget.
@@ -193,13 +200,7 @@ pub fn project(x: &Inputs) -> Need {
         let alloc = need.model.peak(&Change::NONE);
         need.peak_allocated_bytes = Some(alloc);
         need.peak_reserved_bytes = Some(need.reserved(alloc));
-        need.fits = if alloc as f64 * TIGHTEST > budget.upper as f64 {
-            Some(false)
-        } else if need.reserved(alloc) <= budget.bytes {
-            Some(true)
-        } else {
-            None
-        };
+        need.fits = need.fits_between(alloc, budget.bytes, budget.upper);
     }
     need.budget_bytes = Some(budget.bytes);
     need.budget_upper_bytes = (budget.upper != budget.bytes).then_some(budget.upper);
