@@ -265,7 +265,9 @@ fn one_upload(
 
 fn ready_after_upload(http: &reqwest::blocking::Client, base: &str, path: &std::path::Path, size: u64) {
     println!("one {} MiB upload to the idle server: from its last byte to `ready`", size >> 20);
-    println!("| upload | upload took | last byte sent to answer | last byte sent to ready | answer to ready | target |");
+    println!(
+        "| upload | upload took | last byte sent to answer | last byte sent to ready | answer to ready | target |"
+    );
     println!("|---|---|---|---|---|---|");
     for (k, announced) in [true, false, true, false, true, false].into_iter().enumerate() {
         let (upload, ready, after_answer) = one_upload(http, base, path, size, 200 + k as u8, announced);

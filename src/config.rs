@@ -86,20 +86,51 @@ impl Config {
         }
     }
 
-    /// The memory budget in bytes: `--analysis-memory`, or half of the machine's memory.
+    /// The memory budget in bytes: `--analysis-memory`, or half of what the process may use
+    /// (the machine's memory or its container's limit, whichever is smaller).
     pub fn memory_budget(&self) -> u64 {
-        self.analysis_memory.unwrap_or_else(|| {
-            let total = std::fs::read_to_string("/proc/meminfo")
-                .ok()
-                .and_then(|m| {
-                    m.lines()
-                        .find(|l| l.starts_with("MemTotal:"))
-                        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-                })
-                .map(|kib| kib * 1024);
-            total.unwrap_or(8 << 30) / 2
-        })
+        self.analysis_memory.unwrap_or_else(|| usable_memory() / 2)
     }
+}
+
+/// The memory this process may use: the machine's, capped by the cgroup's limit (v2
+/// `memory.max`, or v1 `memory.limit_in_bytes`) where one is set.
+pub fn usable_memory() -> u64 {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let machine = read("/proc/meminfo").as_deref().and_then(mem_total).unwrap_or(8 << 30);
+    let cgroup = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
+        .iter()
+        .filter_map(|p| read(p).as_deref().and_then(cgroup_limit))
+        .min();
+    cgroup.map_or(machine, |c| c.min(machine))
+}
+
+/// The memory a command-line analysis may take: half of [`usable_memory`], and at most
+/// three quarters of the address space `ulimit -v` leaves it (the rest is code, stacks and
+/// the allocator's arenas).
+pub fn cli_memory_budget() -> u64 {
+    let budget = usable_memory() / 2;
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes the struct it is given and nothing else.
+        if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0 && limit.rlim_cur != libc::RLIM_INFINITY {
+            return budget.min(limit.rlim_cur / 4 * 3);
+        }
+    }
+    budget
+}
+
+/// `MemTotal` of /proc/meminfo, in bytes.
+fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+}
+
+/// A cgroup's memory limit file: bytes, or None for `max` (v2) or v1's "no limit" (a number
+/// near 2^63).
+fn cgroup_limit(text: &str) -> Option<u64> {
+    text.trim().parse::<u64>().ok().filter(|&b| b < 1 << 60)
 }
 
 /// `4GiB`, `500MB`, `1024`: bytes.
@@ -126,6 +157,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_container_limit_caps_the_memory_and_max_means_none() {
+        assert_eq!(cgroup_limit("6442450944\n"), Some(6 << 30));
+        assert_eq!(cgroup_limit("max\n"), None);
+        assert_eq!(cgroup_limit("9223372036854771712\n"), None, "v1's unlimited");
+        assert_eq!(mem_total("MemTotal:       24576000 kB\nMemFree: 1 kB\n"), Some(24576000 * 1024));
+        assert!(usable_memory() > 0);
+        assert!(cli_memory_budget() <= usable_memory() / 2);
+    }
 
     #[test]
     fn sizes_parse_with_units() {

@@ -133,8 +133,7 @@ pub fn makes_parameters(snapshot: &Snapshot, stack: StackId) -> bool {
 /// to the GPU on a thread pool): every frame is library code, none the user's.
 fn loads(snapshot: &Snapshot, stack: StackId) -> bool {
     let mut frames = snapshot.stacks.frames(stack).peekable();
-    frames.peek().is_some()
-        && frames.all(|f| crate::snapshot::sites::is_library_frame(snapshot.stacks.str(f.filename)))
+    frames.peek().is_some() && frames.all(|f| crate::snapshot::sites::is_library_frame(snapshot.stacks.str(f.filename)))
 }
 
 fn in_optimizer(snapshot: &Snapshot, stack: StackId) -> bool {

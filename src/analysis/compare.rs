@@ -168,7 +168,9 @@ fn categories(a: &DeviceAnalysis, b: &DeviceAnalysis) -> BTreeMap<String, Pair> 
 
 fn settings(a: Option<&serde_json::Value>, b: Option<&serde_json::Value>) -> SettingsComparison {
     let keys = |v: Option<&serde_json::Value>| -> BTreeMap<String, serde_json::Value> {
-        v.and_then(|v| v.as_object()).map(|o| o.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default()
+        v.and_then(|v| v.as_object())
+            .map(|o| o.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default()
     };
     let (ka, kb) = (keys(a), keys(b));
     let all: BTreeSet<&String> = ka.keys().chain(kb.keys()).collect();

@@ -10,6 +10,7 @@
 //! - `advice`: the diagnosis and its remedies.
 //! - `map`: the segment map at one moment, as the API and the page show it.
 //! - `active`: live bytes by call site over events (the active-memory timeline).
+//! - `cost`: the memory an analysis takes, and the budget it is held to.
 //!
 //! [`analyze`] replays each device once, with the observers that need the forward pass, and
 //! assembles the document that `fragscope analyze --json` prints and the API serves. Analysis
@@ -22,6 +23,7 @@ pub(crate) mod breakdown;
 pub(crate) mod capacity;
 pub mod categories;
 pub mod compare;
+pub mod cost;
 mod counters;
 pub(crate) mod gaps;
 mod judge;
@@ -38,6 +40,7 @@ pub(crate) mod timeline;
 
 pub use actions::{TraceSummary, trace_summary};
 pub use breakdown::Moment;
+pub use cost::{OverBudget, memory_needed};
 pub use counters::{Counters, counters};
 
 use foldhash::{HashMap, HashMapExt};
@@ -148,18 +151,6 @@ pub struct Options {
     /// The device's total memory (`--device-total`): with it, the memory held outside
     /// PyTorch's allocator at an OOM.
     pub device_total: Option<u64>,
-}
-
-/// About the most memory analysing a parsed `snapshot` holds at once, in bytes, from what it
-/// really holds rather than its file's size: the model (28 bytes an event, blocks, segments),
-/// the timeline's columns and the per-allocation index (64 bytes an event together), and the
-/// replay's checkpoints. The server charges its analysis budget for this once a file is parsed.
-pub fn memory_needed(snapshot: &Snapshot) -> u64 {
-    let events = snapshot.events.len() as u64;
-    let segments: u64 = snapshot.devices.iter().map(|d| d.segments.len() as u64).sum();
-    let blocks: u64 = snapshot.devices.iter().flat_map(|d| &d.segments).map(|s| s.blocks.len() as u64).sum();
-    let checkpoints = (events / replay::CHECKPOINT_EVERY as u64 + 2 * snapshot.devices.len() as u64) * (256 << 10);
-    snapshot.event_bytes() + events * 64 + blocks * 48 + segments * 128 + checkpoints + (16 << 20)
 }
 
 /// Analyses a snapshot with the default options.

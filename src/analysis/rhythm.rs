@@ -83,12 +83,13 @@ mod tests {
         }
         for k in 0..steps {
             if let Some((at, n)) = noise
-                && k == at {
-                    b = b.event("segment_alloc", other, 20 * MIB, &[USER]);
-                    for _ in 0..n {
-                        b = b.event("alloc", other, MIB, &[USER]).free(other, MIB, &[USER]);
-                    }
+                && k == at
+            {
+                b = b.event("segment_alloc", other, 20 * MIB, &[USER]);
+                for _ in 0..n {
+                    b = b.event("alloc", other, MIB, &[USER]).free(other, MIB, &[USER]);
                 }
+            }
             let a = base + k * 1024 * MIB;
             b = b.alloc_in_new_segment(a, 1024 * MIB, 1024 * MIB, &[big]).free(a, 1024 * MIB, &[big]).event(
                 "alloc",

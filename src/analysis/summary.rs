@@ -103,8 +103,12 @@ impl RunSummary {
         oom_ranks.sort_unstable();
         let min = ready.iter().map(|(_, s)| s.peak_reserved_bytes).min().unwrap_or(0);
         let max = ready.iter().map(|(_, s)| s.peak_reserved_bytes).max().unwrap_or(0);
-        let rank_of_max =
-            ready.iter().filter(|(_, s)| s.peak_reserved_bytes == max).map(|(r, _)| *r).min().filter(|_| !ready.is_empty());
+        let rank_of_max = ready
+            .iter()
+            .filter(|(_, s)| s.peak_reserved_bytes == max)
+            .map(|(r, _)| *r)
+            .min()
+            .filter(|_| !ready.is_empty());
         RunSummary {
             ranks: ranks.len() as u64,
             ready: ready.len() as u64,

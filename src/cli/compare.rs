@@ -11,7 +11,7 @@ use crate::units::bytes as fmt_bytes;
 
 /// Reads a file and analyses it as the server does; the error names the file.
 fn analysed(file: &Path) -> Result<Analysis, (std::path::PathBuf, IngestError)> {
-    let ingested = ingest::ingest_path(file, &ingest::Options::default()).map_err(|e| (file.to_path_buf(), e))?;
+    let ingested = ingest::ingest_path(file, &super::options()).map_err(|e| (file.to_path_buf(), e))?;
     Ok(analysis::analyze(&ingested.snapshot, ingested.source, analysis::Depth::Report).analysis)
 }
 

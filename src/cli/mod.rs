@@ -150,7 +150,7 @@ fn simulate(
     settings: &crate::simulate::Settings,
     json: bool,
 ) -> Result<Result<(), String>, IngestError> {
-    let snap = ingest::ingest_path(file, &ingest::Options::default())?.snapshot;
+    let snap = ingest::ingest_path(file, &options())?.snapshot;
     let d = match pick_device(&snap, device) {
         Ok(d) => d,
         Err(usage) => return Ok(Err(usage)),
@@ -216,7 +216,12 @@ fn simulate(
 
 /// What a replay that got past the trace's OOM cannot show: the rest of the step, which the
 /// trace never recorded. The analysis's projection of what the step needed says it.
-fn step_still_needs(snap: &crate::snapshot::Snapshot, d: &crate::snapshot::Device, at: u64, capacity: Option<u64>) -> String {
+fn step_still_needs(
+    snap: &crate::snapshot::Snapshot,
+    d: &crate::snapshot::Device,
+    at: u64,
+    capacity: Option<u64>,
+) -> String {
     let options = analysis::Options { capacity, device_total: None };
     let a = analysis::analyze_with(snap, crate::snapshot::Source::default(), analysis::Depth::Report, options);
     let Some(need) = a.analysis.devices.iter().find(|x| x.device == d.device).map(|x| &x.diagnosis.need) else {
@@ -256,7 +261,7 @@ fn pick_device(snap: &crate::snapshot::Snapshot, device: Option<i64>) -> Result<
 
 /// The segment map text, or a usage error (no such device or event).
 fn state(file: &std::path::Path, event: &str, device: Option<i64>) -> Result<Result<String, String>, IngestError> {
-    let snap = ingest::ingest_path(file, &ingest::Options::default())?.snapshot;
+    let snap = ingest::ingest_path(file, &options())?.snapshot;
     let d = match pick_device(&snap, device) {
         Ok(d) => d,
         Err(usage) => return Ok(Err(usage)),
@@ -298,13 +303,27 @@ fn serve(config: crate::config::Config) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(crate::web::serve(config)) {
+    let served = runtime.block_on(crate::web::serve(config));
+    // An analysis still parsing was given back to the queue: do not wait for it to finish.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("fragscope: {e}");
             ExitCode::from(1)
         }
     }
+}
+
+/// Reading options for the commands: the reader, model and analysis held to the memory the
+/// process may take (`config::cli_memory_budget`), so that a file too big for it is refused
+/// by name (exit 2) rather than aborting on a failed allocation.
+pub(crate) fn options() -> ingest::Options {
+    options_within(crate::config::cli_memory_budget())
+}
+
+fn options_within(budget: u64) -> ingest::Options {
+    ingest::Options { memory: Some(analysis::cost::costs(budget)), ..ingest::Options::default() }
 }
 
 fn fail(file: &std::path::Path, e: IngestError) -> ExitCode {
@@ -323,9 +342,12 @@ fn analyze(
 ) -> Result<(), IngestError> {
     let options = analysis::Options { capacity, device_total };
     // The analysis runs while the file's hash is finished; its source is filled in after.
-    let (ingested, mut analyzed) = ingest::ingest_path_then(file, &ingest::Options::default(), |snapshot| {
-        analysis::analyze_with(snapshot, crate::snapshot::Source::default(), analysis::Depth::Report, options)
+    let budget = crate::config::cli_memory_budget();
+    let (ingested, analyzed) = ingest::ingest_path_then(file, &options_within(budget), |snapshot| {
+        analysis::cost::within(snapshot, budget)?;
+        Ok(analysis::analyze_with(snapshot, crate::snapshot::Source::default(), analysis::Depth::Report, options))
     })?;
+    let mut analyzed = analyzed.map_err(|e: analysis::OverBudget| IngestError::Unsupported(e.to_string()))?;
     analyzed.analysis.source = ingested.source;
     let analysis = &analyzed.analysis;
     // The process ends right after printing: freeing the model piece by piece would only cost

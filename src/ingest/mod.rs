@@ -33,6 +33,10 @@ pub struct Options {
     pub progress: Option<Arc<AtomicU64>>,
     /// When a file on disk is read in two parts at once (None: never).
     pub two_parts: Option<TwoParts>,
+    /// The memory the read, the model and the analysis may take together, and what each
+    /// part costs (`analysis::Costs::budget`): the reader's values, the events and each
+    /// segment's blocks are charged to it before they are made. None: only the counts cap them.
+    pub memory: Option<snapshot::Budget>,
 }
 
 impl Default for Options {
@@ -43,6 +47,7 @@ impl Default for Options {
             max_ratio: 200,
             progress: None,
             two_parts: TwoParts::where_cores_allow(),
+            memory: None,
         }
     }
 }
@@ -141,7 +146,14 @@ impl IngestError {
     /// The input passed one of the reader's size, count or depth limits (rather than being
     /// malformed): what a server answers with 413.
     pub fn is_over_limit(&self) -> bool {
+        // A read past the memory budget is refused as the model's budget refusals are (422):
+        // what stops first depends on the budget, not on the file.
         matches!(self, IngestError::Read { error, .. } if matches!(error.kind, reader::ErrorKind::Limit { .. }))
+    }
+
+    /// The values read so far would pass the memory budget (see `Options::memory`).
+    pub fn is_over_budget(&self) -> bool {
+        matches!(self, IngestError::Read { error, .. } if matches!(error.kind, reader::ErrorKind::Memory { .. }))
     }
 }
 
@@ -428,13 +440,27 @@ fn read_io(e: std::io::Error, stream: &'static str) -> IngestError {
 }
 
 fn decode<R: Read>(input: R, format: Format, options: &Options, stream: &'static str) -> Result<Model, IngestError> {
-    let mut sink = SnapshotSink::new(options.max_events);
+    let mut sink = SnapshotSink::new(options.max_events).within(options.memory);
+    let limits = options.limits_within();
     let parsed = if format == Format::Json {
-        reader::read_json(input, &options.limits, &mut sink)
+        reader::read_json(input, &limits, &mut sink)
     } else {
-        reader::read_pickle(input, &options.limits, &mut sink)
+        reader::read_pickle(input, &limits, &mut sink)
     };
-    model(parsed, sink, stream)
+    model(parsed, sink, stream, options.memory)
+}
+
+impl Options {
+    /// The reader's limits, its values held to the memory budget where there is one.
+    pub(super) fn limits_within(&self) -> Limits {
+        let mut limits = self.limits.clone();
+        if let Some(b) = self.memory
+            && (limits.max_heap_bytes == 0 || b.bytes < limits.max_heap_bytes)
+        {
+            limits.max_heap_bytes = b.bytes;
+        }
+        limits
+    }
 }
 
 /// The model from what the reader made of the input, or the error it met.
@@ -442,6 +468,7 @@ fn model(
     parsed: Result<reader::Parsed, Failure<ModelError>>,
     sink: SnapshotSink,
     stream: &'static str,
+    budget: Option<snapshot::Budget>,
 ) -> Result<Model, IngestError> {
     let parsed = match parsed {
         Ok(p) => p,
@@ -450,7 +477,8 @@ fn model(
     };
     let (protocol, offset, fast_dicts) = (parsed.protocol, parsed.bytes_read, parsed.fast_dicts);
     let later_part = parsed.later_part.clone();
-    let snapshot = snapshot::build(parsed, sink).map_err(|error| IngestError::Model { error, offset })?;
+    let snapshot =
+        snapshot::build_within(parsed, sink, budget).map_err(|error| IngestError::Model { error, offset })?;
     Ok(Model { snapshot, protocol, fast_dicts, later_part })
 }
 

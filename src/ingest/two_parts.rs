@@ -61,11 +61,12 @@ pub(super) fn ingest<T>(
         quiet: parts.quiet,
         later_share: parts.later_share,
     };
-    let mut sink = SnapshotSink::new(options.max_events);
-    let parsed = reader::read_pickle_split(split, &options.limits, &mut sink);
+    let mut sink = SnapshotSink::new(options.max_events).within(options.memory);
+    let limits = options.limits_within();
+    let parsed = reader::read_pickle_split(split, &limits, &mut sink);
     // The hash is finished beside the model's build and `then`: the parts leave it little of
     // either core while they read.
-    let made = model(parsed, sink, "").map(|m| {
+    let made = model(parsed, sink, "", options.memory).map(|m| {
         let out = then(&m.snapshot);
         (m, out)
     });

@@ -26,6 +26,13 @@ pub enum ErrorKind {
         what: &'static str,
         limit: u64,
     },
+    /// The values read so far would take more memory than [`super::Limits::max_heap_bytes`].
+    Memory {
+        containers: u64,
+        values: u64,
+        bytes: u64,
+        limit: u64,
+    },
     /// A memo get of an index that was never put.
     MemoMissing(u64),
     /// An opcode found too few values on the stack, or no MARK.
@@ -61,6 +68,12 @@ impl fmt::Display for ErrorKind {
             ErrorKind::UnknownOpcode(op) => write!(f, "unknown pickle opcode 0x{op:02x}"),
             ErrorKind::UnsupportedProtocol(p) => write!(f, "pickle protocol {p} is not supported (0 to 5 are)"),
             ErrorKind::Limit { what, limit } => write!(f, "{what} exceeds the limit of {limit}"),
+            ErrorKind::Memory { containers, values, bytes, limit } => write!(
+                f,
+                "{containers} containers holding {values} values take about {} MiB, past the memory budget of {} MiB",
+                bytes >> 20,
+                limit >> 20
+            ),
             ErrorKind::MemoMissing(i) => write!(f, "memo index {i} was never stored"),
             ErrorKind::StackUnderflow { opcode } => write!(f, "{opcode} found too few values on the stack"),
             ErrorKind::WrongType { opcode, expected, found } => {

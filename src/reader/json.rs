@@ -55,6 +55,10 @@ impl<S: Sink> Builder<'_, S> {
         if self.heap.value_count() >= self.limits.max_values {
             return Err(self.fail(ErrorKind::Limit { what: "number of values", limit: self.limits.max_values }));
         }
+        if self.heap.over_budget(1) {
+            let kind = self.heap.memory_error(1);
+            return Err(self.fail(kind));
+        }
         if let Value::Node(child) = v {
             self.heap.seal(child);
         }
@@ -174,7 +178,7 @@ pub fn read_json<R: Read, S: Sink>(reader: R, limits: &Limits, sink: &mut S) -> 
     let count = Rc::new(Cell::new(0));
     let counting =
         Counting { inner: std::io::BufReader::new(reader), count: count.clone(), max: limits.max_input_bytes };
-    let mut heap = Heap::default();
+    let mut heap = Heap::within(limits.max_heap_bytes);
     sink.prepare(&mut heap.strings);
     let mut builder = Builder { heap, sink, limits, failure: None, count: count.clone() };
     let mut de = serde_json::Deserializer::from_reader(counting);

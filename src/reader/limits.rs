@@ -22,6 +22,10 @@ pub struct Limits {
     pub max_marks: u64,
     /// Nesting of containers; snapshots nest 6 deep.
     pub max_depth: u32,
+    /// Bytes the values read may hold in memory at once (0: only the counts above cap them):
+    /// the share of a memory budget the read may take, checked as containers and values are
+    /// added ([`crate::reader::ErrorKind::Memory`]).
+    pub max_heap_bytes: u64,
     /// Not a limit but a switch: read trace entries through the fast path
     /// (`pickle/entry.rs`). Off, the general machine reads everything; tests compare the two.
     pub entry_fast_path: bool,
@@ -39,6 +43,7 @@ impl Default for Limits {
             max_stack: 1 << 20,
             max_marks: 4096,
             max_depth: 64,
+            max_heap_bytes: 0,
             entry_fast_path: true,
         }
     }

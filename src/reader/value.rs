@@ -107,9 +107,18 @@ pub struct Heap {
     /// and the copy can no longer be taken in.
     copied: Option<(u32, u32)>,
     changed_copies: bool,
+    /// The most bytes the heap may hold ([`super::Limits::max_heap_bytes`]); 0: no cap.
+    pub(super) budget: u64,
+    /// Bytes the read holds beside the heap (the memo), charged to the same budget.
+    pub(super) outside: u64,
 }
 
 impl Heap {
+    /// An empty heap that may hold `budget` bytes (0: no cap).
+    pub(super) fn within(budget: u64) -> Heap {
+        Heap { budget, ..Heap::default() }
+    }
+
     /// Containers read so far, built or not: what the container limit counts.
     pub fn container_count(&self) -> u64 {
         self.heads.len() as u64 + self.unbuilt
@@ -128,13 +137,39 @@ impl Heap {
         self.values
     }
 
-    /// Whether `n` more values stay within `max` (the value limit's check), remembering the
-    /// most asked for.
+    /// Whether `n` more values stay within `max` (the value limit's check) and the heap's
+    /// memory budget, remembering the most asked for.
     #[inline(always)]
     pub(super) fn room_for_values(&mut self, n: u64, max: u64) -> bool {
         let asked = self.values + n;
         self.values_asked = self.values_asked.max(asked);
-        asked <= max
+        asked <= max && !self.over_budget(n)
+    }
+
+    /// About the bytes the heap holds with `more` values added: item lists, heads and
+    /// strings, each with its allocation's overhead. An upper bound of what it really takes,
+    /// so that a budget charged with it holds.
+    pub fn approx_bytes(&self, more: u64) -> u64 {
+        let items = (self.values + more) * std::mem::size_of::<Item>() as u64;
+        let lists = self.slots.len() as u64 * (std::mem::size_of::<Vec<Item>>() as u64 + 32);
+        let heads = self.heads.len() as u64 * std::mem::size_of::<Head>() as u64;
+        items + lists + heads + self.strings.approx_bytes() + self.outside
+    }
+
+    /// The error for a heap past its budget with `more` values.
+    pub(super) fn memory_error(&self, more: u64) -> super::ErrorKind {
+        super::ErrorKind::Memory {
+            containers: self.container_count(),
+            values: self.values + more,
+            bytes: self.approx_bytes(more),
+            limit: self.budget,
+        }
+    }
+
+    /// Whether `more` values (or a container, with 0) would take the heap past its budget.
+    #[inline(always)]
+    pub(super) fn over_budget(&self, more: u64) -> bool {
+        self.budget != 0 && self.approx_bytes(more) > self.budget
     }
 
     pub(super) fn new_node(&mut self, kind: Kind) -> u32 {
@@ -409,6 +444,11 @@ impl Strings {
             Some(&(start, len)) => &self.text[start as usize..(start + len) as usize],
             None => "",
         }
+    }
+
+    /// About the bytes the interned strings hold: their text, spans and index.
+    pub fn approx_bytes(&self) -> u64 {
+        self.text.capacity() as u64 * 2 + self.spans.len() as u64 * 48
     }
 
     pub fn len(&self) -> usize {

@@ -50,9 +50,11 @@ impl Rules {
             for (k, v) in d {
                 // Keys are the interval's start in MiB: "1", "2", ..., "32768".
                 if let (Ok(mib), Some(n)) = (k.parse::<u64>(), v.as_u64())
-                    && mib.is_power_of_two() && mib.trailing_zeros() < 16 {
-                        rules.divisions[mib.trailing_zeros() as usize] = n;
-                    }
+                    && mib.is_power_of_two()
+                    && mib.trailing_zeros() < 16
+                {
+                    rules.divisions[mib.trailing_zeros() as usize] = n;
+                }
             }
         }
         rules

@@ -77,9 +77,17 @@ pub struct Loaded {
     /// One parse at a time: parsing is CPU- and memory-heavy.
     loading: tokio::sync::Mutex<()>,
     counters: Arc<super::metrics::Counters>,
+    /// The analysis memory budget a parse is held to (0: none).
+    budget: u64,
 }
 
 impl Loaded {
+    /// The same cache, its parses held to `budget` bytes of read, model and analysis.
+    pub fn within(mut self, budget: u64) -> Loaded {
+        self.budget = budget;
+        self
+    }
+
     pub fn new(capacity: usize, max_bytes: u64, counters: Arc<super::metrics::Counters>) -> Loaded {
         Loaded {
             capacity: capacity.max(1),
@@ -87,6 +95,7 @@ impl Loaded {
             entries: Mutex::new(VecDeque::new()),
             loading: tokio::sync::Mutex::new(()),
             counters,
+            budget: 0,
         }
     }
 
@@ -136,8 +145,9 @@ impl Loaded {
         let _ = std::io::Read::read(&mut file, &mut head);
         std::io::Seek::rewind(&mut file).map_err(gone)?;
         let _memory = reserve(crate::ingest::memory_estimate(bytes, &head)).await;
+        let options = super::ingest_options(self.budget);
         let entry = tokio::task::spawn_blocking(move || {
-            let ingested = ingest::ingest(file, &ingest::Options::default())?;
+            let ingested = ingest::ingest(file, &options)?;
             let analyzed = analysis::analyze(&ingested.snapshot, ingested.source, Depth::Index);
             Ok::<_, super::ServiceError>(Entry {
                 snapshot: ingested.snapshot,

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use crate::analysis::Analysis;
 use crate::ingest::{self, IngestError};
-use crate::store::{Label, SnapshotRow, Store, StoreError};
+use crate::store::{Label, SnapshotRow, Status, Store, StoreError};
 use loaded::{Entry, Loaded};
 use worker::Worker;
 
@@ -65,6 +65,12 @@ pub struct Upload {
 pub struct Admitted {
     pub row: SnapshotRow,
     pub duplicate: bool,
+    /// Deletes this upload (and its run, when `made_run`); given once, kept only as a hash.
+    pub delete_key: String,
+    /// The upload started its run.
+    pub made_run: bool,
+    /// The same bytes had failed before and are queued again.
+    pub retried: bool,
 }
 
 #[derive(Clone)]
@@ -84,7 +90,7 @@ impl Service {
         leases: worker::Leases,
     ) -> Result<Service, StoreError> {
         let counters = Arc::new(metrics::Counters::default());
-        let cache = Arc::new(Loaded::new(loaded, memory / 4, counters.clone()));
+        let cache = Arc::new(Loaded::new(loaded, memory / 4, counters.clone()).within(memory));
         // The two checks of small uploads (see `check`) are carved out of the analyses' share.
         let checks = (2 * ingest::memory_estimate(CHECK_BEFORE_ANSWER, b"")).min(memory / 4);
         // With SQLite this server is the only replica: the leases its last run held are dead.
@@ -112,17 +118,45 @@ impl Service {
             up.label.name = "snapshot".to_string();
         }
         let early = up.early.take();
-        let (row, new) = self.store.add_upload((up.temp, up.staged), up.sha256, up.bytes, up.label).await?;
+        let stored = self.store.add_upload((up.temp, up.staged), up.sha256, up.bytes, up.label).await?;
+        let (mut row, new) = (stored.added.row, stored.added.new);
         match early {
             Some(early) if new => self.worker.adopt(self.store.clone(), self.loaded.clone(), &row.sha256, early).await,
             _ if new => self.worker.wake(),
             _ => {}
         }
+        // The same bytes failed before: uploading them again is how a user retries.
+        let retried = row.status == Status::Failed && self.retry(&row.sha256).await?;
+        if retried {
+            (row.status, row.error) = (Status::Queued, None);
+        }
         metrics::Counters::add(&self.counters.uploads, 1);
-        Ok(Admitted { row, duplicate: stored_before || !new })
+        Ok(Admitted {
+            row,
+            duplicate: stored_before || !new,
+            delete_key: stored.delete_key,
+            made_run: stored.added.made_run,
+            retried,
+        })
+    }
+
+    /// A graceful stop: analyses running now are given back to the queue uncounted.
+    pub async fn stop(&self) {
+        self.worker.stop(&self.store).await;
+    }
+
+    /// Queues a failed analysis again; false when it had not failed.
+    pub async fn retry(&self, sha256: &str) -> Result<bool, ServiceError> {
+        let queued = self.store.meta.requeue(sha256, worker::unix_now()).await?;
+        if queued {
+            self.worker.wake();
+        }
+        Ok(queued)
     }
 
     /// Checks an upload whose bytes are new; true when they are stored already.
+    ///
+    /// (The check is held to the whole analysis budget, as the analysis is.)
     async fn check(&self, up: &Upload) -> Result<bool, ServiceError> {
         if self.store.meta.by_sha256(&up.sha256).await?.is_some() {
             return Ok(true);
@@ -133,7 +167,8 @@ impl Service {
             // `start`), so an upload never waits behind analyses.
             let _slot = self.worker.checks.acquire().await.map_err(|e| ServiceError::Internal(e.to_string()))?;
             let temp = up.temp.clone();
-            tokio::task::spawn_blocking(move || ingest::ingest_path(&temp, &ingest::Options::default()).map(|_| ()))
+            let options = ingest_options(self.worker.budget());
+            tokio::task::spawn_blocking(move || ingest::ingest_path(&temp, &options).map(|_| ()))
                 .await
                 .map_err(|e| ServiceError::Internal(e.to_string()))??;
         }
@@ -147,9 +182,25 @@ impl Service {
     }
 
     /// The database and the blob store answer; else which does not.
+    /// A write is tried too, briefly: a store that answers reads but cannot take an upload
+    /// (a full disk, a database stuck locked) is not ready.
     pub async fn ready(&self) -> Result<(), String> {
         self.store.meta.ping().await.map_err(|e| format!("the database does not answer: {e}"))?;
-        self.store.blobs.ping().await.map_err(|e| format!("the blob store does not answer: {e}"))
+        self.store.blobs.ping().await.map_err(|e| format!("the blob store does not answer: {e}"))?;
+        let write = tokio::time::timeout(std::time::Duration::from_secs(2), self.store.meta.ping_write());
+        match write.await {
+            Err(_) => return Err("the database cannot take a write: it stayed locked for 2 s".into()),
+            Ok(Err(e)) if e.is_disk_full() => return Err("the database's disk is full".into()),
+            Ok(Err(e)) => return Err(format!("the database cannot take a write: {}", with_sources(&e))),
+            Ok(Ok(())) => {}
+        }
+        let store = self.store.clone();
+        match tokio::task::spawn_blocking(move || store.probe_disk()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) if crate::store::io_disk_full(&e) => Err("the data folder's disk is full".into()),
+            Ok(Err(e)) => Err(format!("the data folder cannot be written: {e}")),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     /// `/metrics`: the counters, and gauges read from the store now.
@@ -246,4 +297,24 @@ impl Service {
         }
         Ok(true)
     }
+}
+
+/// An error and its sources, for a message a person reads.
+fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
+
+/// Reading options for the server's parses: the reader, model and analysis held to `budget`
+/// bytes (the whole analysis budget; 0: only the reader's counts), so that no upload, however
+/// small its file, can take more.
+pub(crate) fn ingest_options(budget: u64) -> ingest::Options {
+    let memory = (budget > 0).then(|| crate::analysis::cost::costs(budget));
+    ingest::Options { memory, ..ingest::Options::default() }
 }

@@ -88,8 +88,9 @@ impl Worker {
         (memory, estimate): (Held, u64),
         cancel: Option<Arc<AtomicBool>>,
     ) -> Result<(Prepared, Held), String> {
+        let budget = self.budget();
         let ingested = tokio::task::spawn_blocking(move || {
-            let options = ingest::Options { progress: Some(counter), ..ingest::Options::default() };
+            let options = ingest::Options { progress: Some(counter), ..super::ingest_options(budget) };
             ingest::ingest(raw, &options).map_err(|e| e.to_string())
         })
         .await
@@ -98,7 +99,9 @@ impl Worker {
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             return Err("the upload was given up".into());
         }
-        let memory = self.charge(memory, estimate, analysis::memory_needed(&ingested.snapshot)).await;
+        // Charged before the analysis takes it; past the whole budget it never could.
+        let need = analysis::cost::within(&ingested.snapshot, budget).map_err(|e| e.to_string())?;
+        let memory = self.charge(memory, estimate, need).await;
         let started = std::time::Instant::now();
         let prepared = tokio::task::spawn_blocking(move || prepare(ingested)).await.map_err(crashed)??;
         tracing::debug!(seconds = started.elapsed().as_secs_f64(), "analysed the parsed snapshot");

@@ -37,6 +37,9 @@ pub struct RunView {
     pub page_url: String,
     pub created_at: i64,
     pub ranks: Vec<RankView>,
+    /// Uploads that named a rank another upload already held: listed, not counted. The first
+    /// upload of a rank keeps it until it is deleted.
+    pub later_uploads: Vec<RankView>,
     pub summary: RunSummary,
 }
 
@@ -69,24 +72,31 @@ impl Curves {
 /// The most snapshots one curves request may draw.
 pub const MAX_CURVES: usize = 256;
 
-/// Each rank once (its newest upload); uploads without a rank take the ranks after the
-/// highest, in upload order.
-fn by_rank(rows: Vec<SnapshotRow>) -> Vec<(i64, SnapshotRow)> {
-    let mut next = rows.iter().filter_map(|r| r.rank).max().map(|m| m + 1).unwrap_or(0);
-    let mut out: Vec<(i64, SnapshotRow)> = Vec::new();
+/// The most ranks a run may name: far past any job, small enough that a rank number is a
+/// place in a list and not a key a stranger picks.
+pub const MAX_RANK: i64 = 65_535;
+
+/// Uploads with the rank each holds (or named).
+type Ranked = Vec<(i64, SnapshotRow)>;
+
+/// A run's uploads (in the order they arrived) by the rank they hold: each rank's first
+/// upload, then uploads without a rank in the lowest ranks no upload named, in upload order.
+/// A later upload naming a rank already held does not replace it (a stranger who knows the
+/// job id could otherwise swap a rank's snapshot): it is returned apart, with the rank it named.
+fn by_rank(rows: Vec<SnapshotRow>) -> (Ranked, Ranked) {
+    let named: std::collections::BTreeSet<i64> = rows.iter().filter_map(|r| r.rank).collect();
+    let mut free = (0..).filter(|r| !named.contains(r));
+    let (mut held, mut later): (Ranked, Ranked) = (Vec::new(), Vec::new());
+    let mut taken = std::collections::BTreeSet::new();
     for row in rows {
-        let rank = row.rank.unwrap_or_else(|| {
-            next += 1;
-            next - 1
-        });
-        match out.iter_mut().find(|(r, _)| *r == rank) {
-            Some(slot) if slot.1.created_at <= row.created_at => slot.1 = row,
-            Some(_) => {}
-            None => out.push((rank, row)),
-        }
+        let rank = match row.rank {
+            Some(r) => r,
+            None => free.next().unwrap_or(i64::MAX),
+        };
+        if taken.insert(rank) { held.push((rank, row)) } else { later.push((rank, row)) }
     }
-    out.sort_by_key(|(r, _)| *r);
-    out
+    held.sort_by_key(|(r, _)| *r);
+    (held, later)
 }
 
 fn rank_view(rank: i64, row: &SnapshotRow) -> RankView {
@@ -112,7 +122,8 @@ impl Service {
     /// A ready snapshot's summary, computed from its analysis (and kept) when the analysis
     /// was stored before summaries were.
     async fn with_summary(&self, mut row: SnapshotRow) -> SnapshotRow {
-        if row.status == Status::Ready && row.summary.is_none()
+        if row.status == Status::Ready
+            && row.summary.is_none()
             && let Ok(a) = self.analysis(&row).await
             && let Some(s) = Summary::of(&a)
         {
@@ -128,7 +139,7 @@ impl Service {
         for row in self.store.meta.run_snapshots(&run.id).await? {
             rows.push(self.with_summary(row).await);
         }
-        let ranks = by_rank(rows);
+        let (ranks, later) = by_rank(rows);
         let summary = RunSummary::of(&ranks.iter().map(|(r, row)| (*r, row.summary.as_ref())).collect::<Vec<_>>());
         Ok(RunView {
             page_url: format!("/r/{}", run.id),
@@ -136,6 +147,7 @@ impl Service {
             name: run.key,
             created_at: run.created_at,
             ranks: ranks.iter().map(|(r, row)| rank_view(*r, row)).collect(),
+            later_uploads: later.iter().map(|(r, row)| rank_view(*r, row)).collect(),
             summary,
         })
     }
@@ -231,10 +243,21 @@ mod tests {
     }
 
     #[test]
-    fn each_rank_keeps_its_newest_upload_and_unranked_uploads_follow() {
+    fn a_rank_keeps_its_first_upload_and_a_later_one_is_set_apart() {
         let rows = vec![row("a", Some(1), 1), row("b", Some(0), 2), row("c", Some(1), 3), row("d", None, 4)];
-        let got: Vec<(i64, String)> = by_rank(rows).into_iter().map(|(r, row)| (r, row.id)).collect();
-        assert_eq!(got, vec![(0, "b".to_string()), (1, "c".to_string()), (2, "d".to_string())]);
+        let (held, later) = by_rank(rows);
+        let ids = |v: Vec<(i64, SnapshotRow)>| v.into_iter().map(|(r, row)| (r, row.id)).collect::<Vec<_>>();
+        assert_eq!(ids(held), vec![(0, "b".to_string()), (1, "a".to_string()), (2, "d".to_string())]);
+        assert_eq!(ids(later), vec![(1, "c".to_string())]);
+    }
+
+    #[test]
+    fn uploads_without_a_rank_take_the_lowest_free_ranks() {
+        let rows = vec![row("a", Some(65_535), 1), row("b", None, 2), row("c", Some(1), 3), row("d", None, 4)];
+        let (held, _) = by_rank(rows);
+        let got: Vec<(i64, String)> = held.into_iter().map(|(r, row)| (r, row.id)).collect();
+        let want = [(0, "b"), (1, "c"), (2, "d"), (65_535, "a")];
+        assert_eq!(got, want.map(|(r, id)| (r, id.to_string())));
     }
 
     #[test]

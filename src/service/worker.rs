@@ -5,7 +5,9 @@
 //! any job: a worker claims the oldest job under a lease, renews the lease while it works, and
 //! takes the job off the queue with its outcome. A replica that dies mid-analysis stops
 //! renewing; once the lease runs out another replica claims the job. A job claimed more than
-//! twice killed its analyser each time and is failed instead.
+//! twice killed its analyser each time and is failed instead; a graceful stop gives its jobs
+//! back uncounted, and a failed job is queued again when its bytes are uploaded again (or
+//! through the retry route).
 //!
 //! A job reads the blob, analyses it fully, and writes the results through the store; the
 //! parsed snapshot then stays in the loaded cache so the first queries need no parse. A
@@ -25,8 +27,9 @@ pub(super) type Held = Option<tokio::sync::OwnedSemaphorePermit>;
 
 /// Analyses claimed this many times without finishing are failed, not started again.
 const MAX_ATTEMPTS: u64 = 2;
-const DIED: &str = "the analysis stopped twice before it finished (the server was stopped, or ran out of memory, \
-    while analysing this file); it is not tried again";
+const DIED: &str = "the analysis was killed twice before it finished (its server crashed or was killed, most \
+    likely out of memory, while analysing this file); it is not tried again on its own: upload the file again, or \
+    POST /api/v1/snapshots/ID/retry, to try once more";
 
 /// How workers hold jobs.
 #[derive(Clone, Debug)]
@@ -71,6 +74,10 @@ pub struct Worker {
     pub(super) memory_mib: u32,
     counters: Arc<super::metrics::Counters>,
     pub(super) leases: Leases,
+    /// The jobs this replica holds now, to give back at a graceful stop.
+    held: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// Set at a graceful stop: no new job is claimed.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Worker {
@@ -105,6 +112,8 @@ impl Worker {
             memory_mib,
             counters,
             leases: leases.clone(),
+            held: Arc::default(),
+            stopping: Arc::default(),
         };
         for _ in 0..workers.max(1) {
             let (store, loaded, w) = (store.clone(), loaded.clone(), worker.clone());
@@ -112,6 +121,9 @@ impl Worker {
                 let leases = w.leases.clone();
                 loop {
                     let Ok(slot) = w.slots.clone().acquire_owned().await else { break };
+                    if w.stopping.load(Ordering::Acquire) {
+                        break;
+                    }
                     let now = unix_now();
                     match store.meta.claim(&leases.owner, now, now + leases.lease.as_secs() as i64).await {
                         Ok(Some(claim)) => w.run(store.clone(), &loaded, claim, None).await,
@@ -160,6 +172,11 @@ impl Worker {
         }
     }
 
+    /// The whole analysis budget, in bytes: what one analysis may take at most.
+    pub fn budget(&self) -> u64 {
+        (self.memory_mib as u64) << 20
+    }
+
     /// Bytes of the budget free now.
     pub fn memory_free(&self) -> u64 {
         (self.memory.available_permits() as u64) << 20
@@ -195,6 +212,10 @@ impl Worker {
     ) {
         let leases = &self.leases;
         let id = claim.sha256.as_str();
+        if self.stopping.load(Ordering::Acquire) {
+            self.give_back(&store, id).await;
+            return;
+        }
         if claim.attempts > MAX_ATTEMPTS {
             tracing::warn!(id, attempts = claim.attempts, "analysis died twice: failed, not resumed");
             super::metrics::Counters::add(&self.counters.analyses_failed, 1);
@@ -218,8 +239,34 @@ impl Worker {
                 }
             })
         };
+        self.holding(id, true);
         self.analyse_claimed(store, loaded, id, early).await;
+        self.holding(id, false);
         renewal.abort();
+    }
+
+    fn holding(&self, sha256: &str, held: bool) {
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held {
+            h.insert(sha256.to_string())
+        } else {
+            h.remove(sha256)
+        };
+    }
+
+    /// A graceful stop (SIGTERM, Ctrl-C): claims no more jobs and gives back those running,
+    /// uncounted, so that a stop is never taken for an analysis that crashed its server
+    /// (two of those fail the upload for good).
+    pub async fn stop(&self, store: &Store) {
+        self.stopping.store(true, Ordering::Release);
+        let held: Vec<String> = self.held.lock().unwrap_or_else(|e| e.into_inner()).drain().collect();
+        for sha256 in held {
+            if let Err(e) = store.meta.release(&sha256, &self.leases.owner).await {
+                tracing::warn!(sha256, error = %e, "cannot give the job back at stop; its lease runs out");
+            } else {
+                tracing::info!(sha256, "analysis given back at stop: the next start runs it again");
+            }
+        }
     }
 
     async fn analyse_claimed(&self, store: Arc<Store>, loaded: &Loaded, id: &str, early: Option<Early>) {
@@ -353,6 +400,8 @@ mod tests {
             memory_mib: mib,
             counters: Default::default(),
             leases: Leases::default(),
+            held: Default::default(),
+            stopping: Default::default(),
         }
     }
 

@@ -7,15 +7,22 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::reader::{Heap, Kind, Parsed, Value};
 
-use super::expansion::{MAX_SEGMENTS, MIN_BLOCK, repeated, take, take_run};
+use super::expansion::{Budget, Charged, MAX_DEVICES, MAX_SEGMENTS, MIN_BLOCK, repeated, take, take_run};
 use super::sink::{STACK_TAG, SnapshotSink, found};
 
 use super::{
-    Annotation, Block, BlockState, Device, Event, Extra, ModelError, NO_TIME, Pool, PoolKind, Recorded, Segment, Snapshot,
+    Annotation, Block, BlockState, Device, Event, Extra, ModelError, NO_TIME, Pool, PoolKind, Recorded, Segment,
+    Snapshot,
 };
 
 /// Builds the model from a finished read and the sink that listened to it.
-pub fn build(parsed: Parsed, mut sink: SnapshotSink) -> Result<Snapshot, ModelError> {
+pub fn build(parsed: Parsed, sink: SnapshotSink) -> Result<Snapshot, ModelError> {
+    build_within(parsed, sink, None)
+}
+
+/// [`build`], charging each segment's blocks to `budget` (beside what the read holds and the
+/// events) before they are made, and refusing past it.
+pub fn build_within(parsed: Parsed, mut sink: SnapshotSink, budget: Option<Budget>) -> Result<Snapshot, ModelError> {
     let Parsed { root, mut heap, .. } = parsed;
     let key = |name: &str| heap.strings.find(name);
     let (segments, traces, settings, annotations, context, legacy) = match root {
@@ -51,11 +58,16 @@ pub fn build(parsed: Parsed, mut sink: SnapshotSink) -> Result<Snapshot, ModelEr
             ));
         }
     };
-    let mut w = Walker { heap: &heap, sink: &mut sink, seen: Default::default(), segments: 0 };
+    let read = heap.approx_bytes(0);
+    let charge = budget.map(|b| (b, read, Charged::default()));
+    let mut w = Walker { heap: &heap, sink: &mut sink, seen: Default::default(), segments: 0, charge };
     let mut by_device: BTreeMap<i64, Vec<Segment>> = BTreeMap::new();
     for (i, seg) in w.list(segments.unwrap_or(Value::None), "segments")?.into_iter().enumerate() {
         let (device, segment) = w.segment(seg, i)?;
         by_device.entry(device).or_default().push(segment);
+        if by_device.len() > MAX_DEVICES {
+            return Err(too_many_devices(format!("segments[{i}].device"), by_device.len()));
+        }
     }
     let traces = match traces {
         Some(t) => w.traces(t)?,
@@ -94,6 +106,14 @@ pub fn build(parsed: Parsed, mut sink: SnapshotSink) -> Result<Snapshot, ModelEr
         legacy,
         warnings,
     })
+}
+
+fn too_many_devices(path: String, devices: usize) -> ModelError {
+    ModelError::new(
+        path,
+        format!("at most {MAX_DEVICES} devices (one process sees a node's GPUs)"),
+        format!("{devices} devices so far"),
+    )
 }
 
 /// `fragscope_context`, the key our capture client adds beside torch's: per device, its total
@@ -215,6 +235,8 @@ struct Walker<'a> {
     /// into gigabytes of model, so a repeat is refused, not expanded.
     seen: foldhash::HashSet<u32>,
     segments: usize,
+    /// The budget, the bytes the read holds, and what the segments built so far were charged.
+    charge: Option<(Budget, u64, Charged)>,
 }
 
 impl Walker<'_> {
@@ -341,6 +363,10 @@ impl Walker<'_> {
                 format!("{} blocks", block_values.len()),
             ));
         }
+        if let Some((budget, read, charged)) = &mut self.charge {
+            let events = self.sink.events.len() as u64;
+            charged.segment(budget, (*read, events), block_values.len() as u64, &path)?;
+        }
         for (j, b) in block_values.into_iter().enumerate() {
             let block = self.block(b, &|| format!("segments[{i}].blocks[{j}]"), next)?;
             next = block.address.saturating_add(block.size);
@@ -385,6 +411,9 @@ impl Walker<'_> {
         let mut taken = vec![0u64; self.sink.events.len().div_ceil(64)];
         for (d, trace) in self.list(v, "device_traces")?.into_iter().enumerate() {
             let path = format!("device_traces[{d}]");
+            if d >= MAX_DEVICES {
+                return Err(too_many_devices(path, d + 1));
+            }
             if let Value::Node(id) = trace
                 && let (Kind::List, Some(run)) =
                     (self.heap.kind(id), self.heap.folded_run(id).filter(|r| r.end <= STACK_TAG))

@@ -8,6 +8,72 @@ use super::ModelError;
 pub(crate) const MAX_SEGMENTS: usize = 1 << 17;
 /// The smallest block the allocator makes, which bounds the blocks a segment can hold.
 pub(super) const MIN_BLOCK: u64 = 512;
+/// The most devices a snapshot may hold: one process sees a node's GPUs, a few dozen at most.
+pub const MAX_DEVICES: usize = 64;
+
+/// A memory budget for one snapshot's read, model and analysis, and what each part costs
+/// through all three: charged as the model is built, before the parts are made, so that a
+/// small compressed file of millions of blocks is refused by name instead of exhausting
+/// memory. The costs are the analysis's to know (`analysis::Costs`); ingest passes them in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Bytes in all.
+    pub bytes: u64,
+    /// Per block of the segments, through the analysis (model, replay states, maps).
+    pub per_block: u64,
+    /// Per segment.
+    pub per_segment: u64,
+    /// Per trace event.
+    pub per_event: u64,
+}
+
+impl Budget {
+    /// The most events the budget holds, with nothing else.
+    pub fn max_events(&self) -> u64 {
+        self.bytes / self.per_event.max(1)
+    }
+}
+
+/// Counts charged to a [`Budget`] while a model is built.
+#[derive(Debug, Default)]
+pub(super) struct Charged {
+    pub(super) blocks: u64,
+    pub(super) segments: u64,
+}
+
+impl Charged {
+    /// Charges segment `path` and its `blocks`, beside `read` bytes the reader holds and
+    /// `events` events; an error naming the counts and the budget when they pass it.
+    pub(super) fn segment(
+        &mut self,
+        budget: &Budget,
+        (read, events): (u64, u64),
+        blocks: u64,
+        path: &dyn Fn() -> String,
+    ) -> Result<(), ModelError> {
+        self.blocks += blocks;
+        self.segments += 1;
+        let need = read
+            + self.blocks.saturating_mul(budget.per_block)
+            + self.segments.saturating_mul(budget.per_segment)
+            + events.saturating_mul(budget.per_event);
+        if need <= budget.bytes {
+            return Ok(());
+        }
+        Err(ModelError::new(
+            format!("{}.blocks", path()),
+            format!("a snapshot whose analysis fits the memory budget of {} MiB", budget.bytes >> 20),
+            format!(
+                "{} blocks in {} segments and {events} events so far, about {} MiB to read and analyse \
+                 ({} bytes a block)",
+                self.blocks,
+                self.segments,
+                need >> 20,
+                budget.per_block
+            ),
+        ))
+    }
+}
 
 /// Marks folded entry `f` as listed; false if it was already.
 pub(super) fn take(taken: &mut [u64], f: u32) -> bool {
@@ -55,6 +121,17 @@ pub(super) fn repeated(path: String, what: &str) -> ModelError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocks_are_charged_before_they_are_built() {
+        let budget = Budget { bytes: 10_000, per_block: 100, per_segment: 1000, per_event: 10 };
+        let mut charged = Charged::default();
+        let path = || "segments[1]".to_string();
+        assert!(charged.segment(&budget, (1000, 100), 50, &path).is_ok(), "1000 + 5000 + 1000 + 1000");
+        let e = charged.segment(&budget, (1000, 100), 11, &path).unwrap_err().to_string();
+        assert!(e.contains("segments[1].blocks") && e.contains("61 blocks in 2 segments and 100 events"), "{e}");
+        assert_eq!(budget.max_events(), 1000);
+    }
 
     #[test]
     fn an_entry_is_taken_once() {

@@ -15,8 +15,9 @@ mod times;
 mod trace;
 mod validate;
 
-pub use build::build;
+pub use build::{build, build_within};
 pub use error::ModelError;
+pub use expansion::{Budget, MAX_DEVICES};
 pub use sink::SnapshotSink;
 pub use stacks::{EMPTY_STACK, Frame, FrameId, StackId, Stacks};
 pub use times::Times;

@@ -48,6 +48,8 @@ pub(super) const STACK_TAG: u32 = 1 << 31;
 pub struct SnapshotSink {
     keys: Keys,
     max_events: u64,
+    /// The memory budget, where it (not the count limit) bounds the events.
+    events_budget: Option<super::Budget>,
     pub(super) events: Vec<Event>,
     pub(super) times: super::Times,
     pub(super) extras: Vec<Extra>,
@@ -81,11 +83,23 @@ mod ahead;
 mod join;
 
 impl SnapshotSink {
+    /// A sink that also refuses more events than `budget` holds.
+    pub fn within(mut self, budget: Option<super::Budget>) -> Self {
+        if let Some(b) = budget
+            && b.max_events() < self.max_events
+        {
+            self.max_events = b.max_events();
+            self.events_budget = Some(b);
+        }
+        self
+    }
+
     /// A sink that refuses more than `max_events` events.
     pub fn new(max_events: u64) -> Self {
         SnapshotSink {
             keys: Keys::default(),
             max_events: max_events.min(STACK_TAG as u64 - 1),
+            events_budget: None,
             events: Vec::new(),
             times: super::Times::default(),
             extras: Vec::new(),
@@ -310,7 +324,15 @@ impl Sink for SnapshotSink {
         let Some(action) = action else { return Ok(None) };
         let n = self.event_count();
         if n as u64 >= self.max_events {
-            return Err(ModelError::new("device_traces", format!("at most {} events", self.max_events), "more"));
+            let why = match self.events_budget {
+                Some(b) => format!(
+                    " (what the memory budget of {} MiB holds, at {} bytes an event)",
+                    b.bytes >> 20,
+                    b.per_event
+                ),
+                None => String::new(),
+            };
+            return Err(ModelError::new("device_traces", format!("at most {} events{why}", self.max_events), "more"));
         }
         let path = |field: &str| format!("trace entry {n} (counting all devices).{field}");
         let Value::Str(action) = action else {

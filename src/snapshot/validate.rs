@@ -29,10 +29,11 @@ pub fn repair(device: &mut Device) -> Vec<String> {
             continue;
         };
         if let Some(prev) = kept.last()
-            && seg.address < prev.address + prev.total_size {
-                warn(format!("segment {:#x} overlaps segment {:#x}: dropped", seg.address, prev.address));
-                continue;
-            }
+            && seg.address < prev.address + prev.total_size
+        {
+            warn(format!("segment {:#x} overlaps segment {:#x}: dropped", seg.address, prev.address));
+            continue;
+        }
         seg.blocks.sort_by_key(|b| b.address);
         let mut next = seg.address;
         let before = seg.blocks.len();

@@ -19,7 +19,7 @@ mod remote;
 mod results;
 
 pub use blobs::{Blobs, LocalBlobs};
-pub use meta::{Claim, Meta, RunRow, SnapshotRow, Status, redact};
+pub use meta::{Added, Claim, Meta, RunRow, SnapshotRow, Status, redact};
 pub use remote::{Staged, Staging};
 pub use results::{Results, Written};
 
@@ -109,6 +109,24 @@ pub struct Label {
     pub rank: Option<i64>,
 }
 
+/// A stored upload, and the secret that deletes it: given to its uploader once, kept only as
+/// a hash.
+pub struct Stored {
+    pub added: Added,
+    pub delete_key: String,
+}
+
+/// sha256 of a delete key, as hex: what the database keeps.
+fn key_hash(key: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Compares two secrets' hashes in time that does not depend on where they differ.
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// What deleting an upload did.
 pub struct Deleted {
     /// Its content's key.
@@ -168,6 +186,17 @@ impl Store {
     }
 
     /// A new file for an upload in progress, and its path.
+    /// Whether the data folder takes a write now: a small file written, synced and removed
+    /// (a full disk fails here, as an upload would).
+    pub fn probe_disk(&self) -> std::io::Result<()> {
+        use std::io::Write;
+        let (path, mut file) = self.create_temp()?;
+        let written = file.write_all(&[0u8; 4096]).and_then(|()| file.sync_all());
+        drop(file);
+        let _ = std::fs::remove_file(&path);
+        written
+    }
+
     pub fn create_temp(&self) -> std::io::Result<(PathBuf, std::fs::File)> {
         let path = self.tmp.join(format!("{}.part", random_id()));
         let file = std::fs::File::create_new(&path)?;
@@ -215,6 +244,10 @@ impl Store {
                 remote.discard(staged).await;
             }
         }
+        // Uploads of a run whose delete a stop interrupted.
+        for id in self.meta.orphans().await? {
+            self.delete(&id).await?;
+        }
         let shas: std::collections::HashSet<String> = self.meta.all_sha256().await?.into_iter().collect();
         for sha in self.blobs.sweepable().await? {
             if !shas.contains(&sha) {
@@ -252,11 +285,10 @@ impl Store {
         sha256: String,
         bytes: u64,
         label: Label,
-    ) -> Result<(SnapshotRow, bool), StoreError> {
-        let run_id = match &label.run_key {
-            Some(key) => Some(self.meta.run_for_key(key, &random_id(), now()).await?.id),
-            None => None,
-        };
+    ) -> Result<Stored, StoreError> {
+        let delete_key = random_id();
+        let key_hash = key_hash(&delete_key);
+        let owner = meta::Owner { key_hash: &key_hash, run_key: label.run_key.as_deref() };
         let row = SnapshotRow {
             id: random_id(),
             sha256: sha256.clone(),
@@ -267,20 +299,30 @@ impl Store {
             error: None,
             verdict: None,
             created_at: now(),
-            run_id,
+            run_id: None,
             rank: label.rank,
             summary: None,
         };
         let _gate = self.gate.lock().await;
-        if let Some(copied) = self.meta.insert_copy(&row).await? {
+        if let Some(copied) = self.meta.insert_copy(&row, &owner).await? {
             let _ = std::fs::remove_file(&temp);
             self.discard_staged(staged).await;
-            return Ok((copied, false));
+            return Ok(Stored { added: copied, delete_key });
         }
         // Stored before its row: a crash between leaves a blob no row names, swept later.
         // Storing is idempotent (the key is the content's hash), so two replicas may both.
         self.blobs.commit(temp, staged, &sha256).await?;
-        self.meta.add(&row).await
+        Ok(Stored { added: self.meta.add(&row, &owner).await?, delete_key })
+    }
+
+    /// True when `key` is the delete key given to the upload `id`.
+    pub async fn owns(&self, id: &str, key: &str) -> Result<bool, StoreError> {
+        Ok(self.meta.owner(id).await?.is_some_and(|h| same_secret(&h, &key_hash(key))))
+    }
+
+    /// True when `key` is the delete key of the upload that started run `id`.
+    pub async fn owns_run(&self, id: &str, key: &str) -> Result<bool, StoreError> {
+        Ok(self.meta.run_owner(id).await?.is_some_and(|h| same_secret(&h, &key_hash(key))))
     }
 
     /// Makes the results of `sha256` readable on this machine: a no-op for the local folder;
@@ -318,14 +360,13 @@ impl Store {
     /// Deletes a run and every upload in it; the uploads deleted, or None when there is no
     /// such run.
     pub async fn delete_run(&self, id: &str) -> Result<Option<Vec<Deleted>>, StoreError> {
-        if self.meta.run(id).await?.is_none() {
+        if !self.meta.delete_run(id).await? {
             return Ok(None);
         }
         let mut deleted = Vec::new();
         for row in self.meta.run_snapshots(id).await? {
             deleted.extend(self.delete(&row.id).await?);
         }
-        self.meta.delete_run(id).await?;
         Ok(Some(deleted))
     }
 }

@@ -15,12 +15,18 @@ pub(crate) enum ApiError {
     Unauthorized,
     /// A token was given, but not the server's.
     WrongToken,
+    /// A delete without `--token` needs the upload's delete key.
+    NeedsKey,
+    /// A delete key was given, but not this upload's (or run's).
+    WrongKey,
     TooLarge(String),
     /// The client stopped sending.
     Timeout(String),
     UnsupportedMedia(String),
     /// The bytes were read but are not a memory snapshot.
     NotASnapshot(String),
+    /// Reading it would pass the analysis memory budget (422).
+    OverBudget(String),
     /// The analysis has not finished (or failed): says which.
     NotReady(String),
     Failed(String),
@@ -44,10 +50,25 @@ impl ApiError {
                 "unauthorized",
                 "the token given is not this server's (`--token`): check it for typos".into(),
             ),
+            ApiError::NeedsKey => (
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "deleting needs the delete key the upload's answer gave (send it as `X-Fragscope-Key`), \
+                 or the server's token"
+                    .into(),
+            ),
+            ApiError::WrongKey => (
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "the delete key given is not this upload's (a run is deleted with the key of the upload that \
+                 started it)"
+                    .into(),
+            ),
             ApiError::TooLarge(d) => (StatusCode::PAYLOAD_TOO_LARGE, "too_large", d.clone()),
             ApiError::Timeout(d) => (StatusCode::REQUEST_TIMEOUT, "timeout", d.clone()),
             ApiError::UnsupportedMedia(d) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_format", d.clone()),
             ApiError::NotASnapshot(d) => (StatusCode::UNPROCESSABLE_ENTITY, "not_a_snapshot", d.clone()),
+            ApiError::OverBudget(d) => (StatusCode::UNPROCESSABLE_ENTITY, "over_memory_budget", d.clone()),
             ApiError::NotReady(d) => (StatusCode::CONFLICT, "not_ready", d.clone()),
             ApiError::Failed(d) => (StatusCode::UNPROCESSABLE_ENTITY, "analysis_failed", d.clone()),
             ApiError::DiskFull => (
@@ -120,6 +141,7 @@ impl From<IngestError> for ApiError {
         let msg = e.to_string();
         match &e {
             _ if e.is_over_limit() => ApiError::TooLarge(msg),
+            _ if e.is_over_budget() => ApiError::OverBudget(msg),
             IngestError::Read { .. } | IngestError::Empty => ApiError::BadRequest(msg),
             IngestError::Unsupported(_) => ApiError::UnsupportedMedia(msg),
             IngestError::Model { .. } => ApiError::NotASnapshot(msg),

@@ -56,6 +56,25 @@ impl AppState {
         if same { Ok(()) } else { Err(ApiError::WrongToken) }
     }
 
+    /// Whether the request may delete what `owns` checks a delete key against: with `--token`,
+    /// the token does; the delete key the upload's answer gave (`X-Fragscope-Key`) does in any
+    /// mode. Without `--token` that key is the only way: a link or a job id is not enough.
+    pub(crate) async fn may_delete<F, Fut>(&self, headers: &HeaderMap, owns: F) -> Result<(), ApiError>
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: std::future::Future<Output = Result<bool, crate::store::StoreError>>,
+    {
+        let key = headers.get("x-fragscope-key").and_then(|v| v.to_str().ok()).map(str::trim).unwrap_or("");
+        if !key.is_empty() && owns(key.to_string()).await? {
+            return Ok(());
+        }
+        match (&self.config.token, key.is_empty()) {
+            (Some(_), _) => self.authorize(headers),
+            (None, true) => Err(ApiError::NeedsKey),
+            (None, false) => Err(ApiError::WrongKey),
+        }
+    }
+
     /// The snapshot of a link, or 404 (the same for a malformed id as for an unknown one).
     pub(crate) async fn row(&self, id: &str) -> Result<SnapshotRow, ApiError> {
         if !valid_id(id) {
@@ -195,7 +214,9 @@ pub(crate) async fn serve(config: Config) -> Result<(), Box<dyn std::error::Erro
     }
     let header_timeout = listen::HEADER_TIMEOUT.min(Duration::from_secs(state.config.request_timeout_secs.max(1)));
     let max_connections = state.config.max_connections;
+    let service = state.service.clone();
     listen::serve(listener, router(state), max_connections, header_timeout, shutdown_signal()).await;
+    service.stop().await;
     store.meta.close().await;
     Ok(())
 }

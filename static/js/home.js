@@ -86,6 +86,7 @@ function upload(file, run) {
         bar.hidden = true;
         return resolve(null);
       }
+      keepDeleteKey(body);
       resolve(await follow(body, bar, status));
     });
     xhr.addEventListener("error", () => {
@@ -95,6 +96,17 @@ function upload(file, run) {
     });
     xhr.send(file);
   });
+}
+
+/** Keeps the delete keys an upload's answer gave, in this browser only: without a server
+ *  token they are what deletes the upload (and the run it started). */
+function keepDeleteKey(created) {
+  try {
+    if (created.delete_key) localStorage.setItem(`fragscope-key:${created.id}`, created.delete_key);
+    if (created.run && created.run.started) localStorage.setItem(`fragscope-key:${created.run.id}`, created.delete_key);
+  } catch {
+    // Storage refused (private mode): the key is still in the API's answer.
+  }
 }
 
 /** Follows an analysis; the progress bar now shows the share of the file parsed. */

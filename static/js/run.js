@@ -109,6 +109,23 @@ function renderRows() {
   body.replaceChildren(...rows);
 }
 
+/** Uploads that named a rank already held: listed with a link, never counted. */
+function renderLater() {
+  const later = document.getElementById("later");
+  const items = run.later_uploads || [];
+  later.hidden = !items.length;
+  if (!items.length) return;
+  const parts = [document.createTextNode("Uploaded again for a rank already here, not counted (the first upload of a rank keeps it until deleted): ")];
+  items.forEach((r, i) => {
+    if (i) parts.push(document.createTextNode(", "));
+    const a = document.createElement("a");
+    a.href = r.page_url;
+    a.textContent = `rank ${r.rank}: ${r.name}`;
+    parts.push(a);
+  });
+  later.replaceChildren(...parts);
+}
+
 async function drawAll() {
   const ready = run.ranks.filter((r) => r.status === "ready");
   if (!ready.length) return;
@@ -133,6 +150,7 @@ async function refresh() {
   run = await res.json();
   renderSummary();
   renderRows();
+  renderLater();
   await drawAll();
   main.dataset.ready = String(run.summary.ready === run.summary.ranks);
   if (run.summary.ready < run.summary.ranks && !run.ranks.some((r) => r.status === "failed")) setTimeout(refresh, 1000);

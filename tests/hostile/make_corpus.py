@@ -109,3 +109,18 @@ storm = {"segments": [{"device": 0, "address": base, "total_size": 10_000 * 4096
          "device_traces": [[{"action": "oom", "addr": 0, "size": 64 << 20, "stream": 0, "time_us": i, "frames": []}
                             for i in range(20_000)]]}
 write("oom_storm.pickle", pickle.dumps(storm, protocol=4))
+# A million distinct 512-byte live blocks in 1,000 segments: a valid-shaped snapshot of 32 MB
+# that zstd packs into 385 KB, whose read and analysis would take about a GB. Charged to the
+# memory budget block by block and refused by name, not parsed until memory runs out.
+import subprocess
+base = 1 << 40
+segs = [{"device": 0, "address": base + s * (4 << 20), "total_size": 512 * 1000, "stream": 0, "segment_type": "large",
+         "blocks": [{"address": base + s * (4 << 20) + 512 * i, "size": 512, "requested_size": 512,
+                     "state": "active_allocated", "frames": []} for i in range(1000)]} for s in range(1000)]
+raw = pickle.dumps({"segments": segs, "device_traces": [[]]}, protocol=4)
+write("many_blocks.pickle.zst", subprocess.run(["zstd", "-19", "-q", "-c"], input=raw, capture_output=True, check=True).stdout)
+# 100,000 devices of one segment each: a process sees a few dozen at most.
+devices = [{"device": d, "address": 1 << 40, "total_size": 2 << 20, "stream": 0, "segment_type": "small",
+            "blocks": [{"size": 2 << 20, "state": "inactive"}]} for d in range(100_000)]
+with gzip.GzipFile(os.path.join(here, "many_devices.pickle.gz"), "wb", compresslevel=9, mtime=0) as g:
+    g.write(pickle.dumps({"segments": devices, "device_traces": [[] for _ in range(100_000)]}, protocol=4))

@@ -453,7 +453,9 @@ fn the_page_shows_what_the_step_needed_against_the_budget() {
         wait_ready(&c).await;
         let head = js(&c, "return document.querySelector('.verdict h2').textContent").await;
         assert!(head.as_str().unwrap().starts_with("Out of memory: capacity: the step needs"), "{head}");
-        let drawn = js(&c, "const t = document.getElementById('timeline').dataset; return [Number(t.need), Number(t.budget)]").await;
+        let drawn =
+            js(&c, "const t = document.getElementById('timeline').dataset; return [Number(t.need), Number(t.budget)]")
+                .await;
         assert_eq!(drawn, json!([need["peak_reserved_bytes"], need["budget_bytes"]]), "{need}");
         let badges = js(&c, "return [...document.querySelectorAll('.remedy .tag')].map(t => t.textContent)").await;
         assert!(badges.as_array().unwrap().iter().any(|b| b == "fixes it"), "{badges}");

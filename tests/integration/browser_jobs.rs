@@ -78,7 +78,8 @@ fn a_run_of_64_ranks_sorts_and_draws_small_multiples() {
     let mut run = String::new();
     for rank in 0..64 {
         let body = std::fs::read(snapshot_path(names[rank % names.len()])).unwrap();
-        let r = client.post(server.url(&format!("/api/v1/snapshots?run=big-job&rank={rank}"))).body(body).send().unwrap();
+        let r =
+            client.post(server.url(&format!("/api/v1/snapshots?run=big-job&rank={rank}"))).body(body).send().unwrap();
         assert_eq!(r.status().as_u16(), 202);
         run = r.json::<Value>().unwrap()["run"]["id"].as_str().unwrap().to_string();
     }

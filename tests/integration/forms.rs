@@ -33,8 +33,9 @@ fn text_fields_past_their_limit_get_413_and_nothing_is_kept() {
     for (field, size) in [("note", 40 << 10), ("name", 4 << 10), ("run", 4 << 10)] {
         // Sent whole before the answer is read: the server answers as soon as the field passes
         // its limit and stops reading, which a client still writing would see as a reset.
-        let mut body = format!("--B\r\nContent-Disposition: form-data; name=\"{field}\"\r\n\r\n{}\r\n", "x".repeat(size))
-            .into_bytes();
+        let mut body =
+            format!("--B\r\nContent-Disposition: form-data; name=\"{field}\"\r\n\r\n{}\r\n", "x".repeat(size))
+                .into_bytes();
         body.extend(b"--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"s.pickle\"\r\n\r\n");
         body.extend(&snapshot);
         body.extend(b"\r\n--B--\r\n");
@@ -100,14 +101,20 @@ fn names_lose_their_bidirectional_controls() {
 fn a_re_upload_racing_the_delete_of_the_same_bytes_never_answers_a_dead_id() {
     let server = TestServer::start(&[]);
     let bytes = std::fs::read(snapshot_path("seed_frag_default")).unwrap();
-    let mut current = server.upload(&snapshot_path("seed_frag_default"))["id"].as_str().unwrap().to_string();
+    let created = server.upload(&snapshot_path("seed_frag_default"));
+    let mut current = created["id"].as_str().unwrap().to_string();
+    let mut key = created["delete_key"].as_str().unwrap().to_string();
     server.wait_done(&current);
     for round in 0..40 {
         let delete_url = server.url(&format!("/api/v1/snapshots/{current}"));
-        let deleter = std::thread::spawn(move || TestServer::client().delete(delete_url).send().unwrap().status());
+        let deleter = std::thread::spawn(move || {
+            TestServer::client().delete(delete_url).header("x-fragscope-key", key).send().unwrap().status()
+        });
         let r = TestServer::client().post(server.url("/api/v1/snapshots")).body(bytes.clone()).send().unwrap();
         assert_eq!(r.status().as_u16(), 202);
-        let id = r.json::<Value>().unwrap()["id"].as_str().unwrap().to_string();
+        let created = r.json::<Value>().unwrap();
+        let id = created["id"].as_str().unwrap().to_string();
+        key = created["delete_key"].as_str().unwrap().to_string();
         assert_eq!(deleter.join().unwrap().as_u16(), 204);
         let s = server.wait_done(&id);
         assert_eq!(s["status"], "ready", "round {round}: {s}");

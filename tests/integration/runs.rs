@@ -41,9 +41,12 @@ pub fn a_job_s_ranks_make_one_run_that_names_the_oom_rank() {
     let server = TestServer::start(&[]);
     let mut run_id = None;
     let mut truths = Vec::new();
+    let mut keys = Vec::new();
     for rank in [2, 0, 1] {
         let (path, truth) = ranks3(rank);
         let created = upload_to(&server, &path, &format!("run=job-4711&rank={rank}"));
+        assert_eq!(created["run"]["started"], rank == 2, "the first upload starts the run");
+        keys.push(created["delete_key"].as_str().unwrap().to_string());
         let id = created["run"]["id"].as_str().unwrap().to_string();
         assert_eq!(created["run"]["page_url"], format!("/r/{id}"));
         assert_eq!(run_id.get_or_insert(id.clone()), &id, "every rank joins the same run");
@@ -99,8 +102,11 @@ pub fn a_job_s_ranks_make_one_run_that_names_the_oom_rank() {
     // Listed, then deleted whole: its snapshots go with it.
     let list = server.get_json("/api/v1/runs");
     assert!(list.as_array().unwrap().iter().any(|r| r["id"] == run_id.as_str()));
-    let r = TestServer::client().delete(server.url(&format!("/api/v1/runs/{run_id}"))).send().unwrap();
-    assert_eq!(r.status().as_u16(), 204);
+    // Only the key of the upload that started the run deletes it (no token on this server).
+    let path = format!("/api/v1/runs/{run_id}");
+    assert_eq!(TestServer::client().delete(server.url(&path)).send().unwrap().status().as_u16(), 403);
+    assert_eq!(server.delete_with_key(&path, &keys[1]), 403, "another rank's key");
+    assert_eq!(server.delete_with_key(&path, &keys[0]), 204);
     assert_eq!(server.get(&format!("/api/v1/runs/{run_id}")).status().as_u16(), 404);
     for id in ids {
         assert_eq!(server.get(&format!("/api/v1/snapshots/{id}")).status().as_u16(), 404);
@@ -177,4 +183,91 @@ pub fn comparing_a_run_and_its_remedy_shows_the_oom_gone_and_the_peak_change() {
     let page = server.get(&format!("/compare/{a}/{b}"));
     assert_eq!(page.status().as_u16(), 200);
     assert_eq!(server.get(&format!("/api/v1/compare?a={a}&b=0123")).status().as_u16(), 404);
+}
+
+/// Knowing a job id is not a capability (an open server, no token): a stranger's upload for a
+/// rank already present does not replace it, and neither the stranger's key nor none deletes
+/// the run or another uploader's snapshot.
+#[test]
+fn a_stranger_who_knows_the_job_id_cannot_replace_a_rank_or_delete_the_run() {
+    let server = TestServer::start(&[]);
+    let owner = upload_to(&server, &ranks3(0).0, "run=12345&rank=0");
+    let honest = upload_to(&server, &ranks3(1).0, "run=12345&rank=1");
+    let run_id = owner["run"]["id"].as_str().unwrap().to_string();
+    let forged = upload_to(&server, &snapshot_path("seed_frag_default"), "run=12345&rank=1");
+    assert_eq!(forged["run"]["id"], run_id.as_str());
+    assert_eq!(forged["run"]["started"], false);
+    let run = wait_run(&server, &run_id, 2);
+    let ranks = run["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2, "{run}");
+    assert_eq!(ranks[1]["snapshot_id"], honest["id"], "rank 1 keeps its first upload");
+    let later = run["later_uploads"].as_array().unwrap();
+    assert_eq!(later.len(), 1);
+    assert_eq!((later[0]["rank"].as_i64(), &later[0]["snapshot_id"]), (Some(1), &forged["id"]));
+    let stranger = forged["delete_key"].as_str().unwrap();
+    assert_eq!(server.delete_with_key(&format!("/api/v1/runs/{run_id}"), stranger), 403);
+    assert_eq!(server.delete_with_key(&format!("/api/v1/snapshots/{}", honest["id"].as_str().unwrap()), stranger), 403);
+    assert_eq!(server.get(&format!("/api/v1/runs/{run_id}")).status().as_u16(), 200);
+    // The stranger may delete what the stranger uploaded; the run's page says nothing was hidden.
+    assert_eq!(server.delete_with_key(&format!("/api/v1/snapshots/{}", forged["id"].as_str().unwrap()), stranger), 204);
+    assert!(server.get_json(&format!("/api/v1/runs/{run_id}"))["later_uploads"].as_array().unwrap().is_empty());
+}
+
+/// An upload without a rank takes the lowest rank no upload named, not the one after the
+/// highest; a rank past any job is refused by name.
+#[test]
+fn an_upload_without_a_rank_takes_the_lowest_free_rank() {
+    let server = TestServer::start(&[]);
+    let created = upload_to(&server, &ranks3(0).0, "run=job-9&rank=65535");
+    let run_id = created["run"]["id"].as_str().unwrap().to_string();
+    upload_to(&server, &ranks3(1).0, "run=job-9");
+    let run = wait_run(&server, &run_id, 2);
+    let ranks: Vec<i64> = run["ranks"].as_array().unwrap().iter().map(|r| r["rank"].as_i64().unwrap()).collect();
+    assert_eq!(ranks, vec![0, 65535]);
+    let r = TestServer::client()
+        .post(server.url("/api/v1/snapshots?run=job-9&rank=1000000"))
+        .body(std::fs::read(ranks3(2).0).unwrap())
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(r.text().unwrap().contains("from 0 to 65535"));
+}
+
+/// An upload into a run while the run is being deleted either lands before the delete (and
+/// goes with the run) or starts a new run under the same key: never an upload whose run is gone.
+#[test]
+fn an_upload_racing_the_delete_of_its_run_is_never_left_in_a_deleted_run() {
+    let server = TestServer::start(&[]);
+    let bytes = std::fs::read(snapshot_path("capacity_oom")).unwrap();
+    for round in 0..20 {
+        let key = format!("race-{round}");
+        let first = upload_to(&server, &snapshot_path("seed_frag_default"), &format!("run={key}&rank=0"));
+        let run_id = first["run"]["id"].as_str().unwrap().to_string();
+        let delete_key = first["delete_key"].as_str().unwrap().to_string();
+        let url = server.url(&format!("/api/v1/runs/{run_id}"));
+        let deleter = std::thread::spawn(move || {
+            TestServer::client().delete(url).header("x-fragscope-key", delete_key).send().unwrap().status().as_u16()
+        });
+        let mut body = bytes.clone();
+        body.extend(format!("{round:>8}").bytes().map(|_| 0u8));
+        let r = TestServer::client()
+            .post(server.url(&format!("/api/v1/snapshots?run={key}&rank=1")))
+            .body(body)
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+        let created: Value = r.json().unwrap();
+        assert_eq!(deleter.join().unwrap(), 204);
+        let id = created["id"].as_str().unwrap();
+        let its_run = created["run"]["id"].as_str().unwrap();
+        let snapshot = server.get(&format!("/api/v1/snapshots/{id}")).status().as_u16();
+        let run = server.get(&format!("/api/v1/runs/{its_run}"));
+        if snapshot == 200 {
+            assert_eq!(run.status().as_u16(), 200, "round {round}: the upload's run {its_run} is gone");
+            let run: Value = run.json().unwrap();
+            assert!(run.to_string().contains(id), "round {round}: the run does not list the upload");
+        } else {
+            assert_eq!((snapshot, its_run), (404, run_id.as_str()), "round {round}: only a deleted run takes it");
+        }
+    }
 }

@@ -49,8 +49,10 @@ pub fn every_upload_form_works_and_the_same_bytes_are_analysed_once_under_their_
     // Each upload is deleted on its own: the other keeps its analysis and its file.
     let (first, second) = (raw["id"].as_str().unwrap(), again["id"].as_str().unwrap());
     assert_eq!(server.wait_done(second)["status"], "ready");
-    let r = client.delete(server.url(&format!("/api/v1/snapshots/{first}"))).send().unwrap();
-    assert_eq!(r.status().as_u16(), 204);
+    let path = format!("/api/v1/snapshots/{first}");
+    assert_eq!(client.delete(server.url(&path)).send().unwrap().status().as_u16(), 403, "no key, no token");
+    assert_eq!(server.delete_with_key(&path, again["delete_key"].as_str().unwrap()), 403, "another upload's key");
+    assert_eq!(server.delete_with_key(&path, raw["delete_key"].as_str().unwrap()), 204);
     assert_eq!(client.get(server.url(&format!("/api/v1/snapshots/{first}"))).send().unwrap().status().as_u16(), 404);
     let diagnosis = server.get_json(&format!("/api/v1/snapshots/{second}/diagnosis"));
     assert!(diagnosis.to_string().contains("fragmentation"), "{diagnosis}");
@@ -300,8 +302,10 @@ fn delete_removes_the_blob_the_results_and_the_link() {
     let blob = server.data.join("blobs").join(&sha[..2]).join(&sha);
     let results = server.data.join("results").join(&sha);
     assert!(blob.exists() && results.exists());
-    let r = TestServer::client().delete(server.url(&format!("/api/v1/snapshots/{id}"))).send().unwrap();
-    assert_eq!(r.status().as_u16(), 204);
+    assert_eq!(
+        server.delete_with_key(&format!("/api/v1/snapshots/{id}"), created["delete_key"].as_str().unwrap()),
+        204
+    );
     assert!(!blob.exists() && !results.exists());
     for path in [
         format!("/api/v1/snapshots/{id}"),

@@ -50,14 +50,17 @@ fn deleting_removes_the_blob_and_results_from_the_bucket() {
     let Some(team) = Team::start() else { return };
     let dir = tempfile::tempdir().unwrap();
     let server = replica(&team, &dir.path().join("a"));
-    let id = server.upload(&snapshot_path("seed_frag_default"))["id"].as_str().unwrap().to_string();
+    let created = server.upload(&snapshot_path("seed_frag_default"));
+    let id = created["id"].as_str().unwrap().to_string();
     let sha = server.wait_done(&id)["sha256"].as_str().unwrap().to_string();
     let blob = team.s3.files(&format!("team/blobs/{}", &sha[..2]));
     let results = team.s3.files(&format!("team/results/{sha}"));
     assert_eq!(blob.len(), 1, "one blob in the bucket: {blob:?}");
     assert!(results.iter().any(|p| p.ends_with("analysis.json")), "{results:?}");
-    let r = TestServer::client().delete(server.url(&format!("/api/v1/snapshots/{id}"))).send().unwrap();
-    assert_eq!(r.status().as_u16(), 204);
+    assert_eq!(
+        server.delete_with_key(&format!("/api/v1/snapshots/{id}"), created["delete_key"].as_str().unwrap()),
+        204
+    );
     assert!(team.s3.files(&format!("team/blobs/{}", &sha[..2])).is_empty(), "blob left in the bucket");
     assert!(team.s3.files(&format!("team/results/{sha}")).is_empty(), "results left in the bucket");
     assert_eq!(server.get(&format!("/api/v1/snapshots/{id}")).status().as_u16(), 404);

@@ -226,6 +226,11 @@ impl TestServer {
         r.json().unwrap()
     }
 
+    /// DELETE `path` with a delete key (`X-Fragscope-Key`); the status.
+    pub fn delete_with_key(&self, path: &str, key: &str) -> u16 {
+        Self::client().delete(self.url(path)).header("x-fragscope-key", key).send().unwrap().status().as_u16()
+    }
+
     /// The value of the `/metrics` line that starts with `line_start`.
     pub fn metric(&self, line_start: &str) -> u64 {
         let text = self.get("/metrics").text().unwrap();

@@ -2,8 +2,8 @@
 files, and read analyses back as plain data or pandas DataFrames. Standard library only."""
 
 from .capture import capture, stop
-from .client import Client, Snapshot, Run
+from .client import Client, Run, ServerError, Snapshot
 from .upload import Delivery, upload, default_run, default_rank
 
-__all__ = ["capture", "stop", "upload", "Delivery", "Client", "Snapshot", "Run", "default_run", "default_rank"]
+__all__ = ["capture", "stop", "upload", "Delivery", "Client", "Snapshot", "Run", "ServerError", "default_run", "default_rank"]
 __version__ = "0.1.0"

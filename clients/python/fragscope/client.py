@@ -28,9 +28,9 @@ class Client:
         self.token = token
         self.timeout = timeout
 
-    def _get(self, path, params=None, raw=False):
+    def _get(self, path, params=None, raw=False, method="GET", headers=None):
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        request = urllib.request.Request(self.url + path + query)
+        request = urllib.request.Request(self.url + path + query, method=method, headers=headers or {})
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:
@@ -43,7 +43,7 @@ class Client:
             except ValueError:
                 pass
             raise ServerError(e.code, text) from None
-        return body if raw else json.loads(body)
+        return body if raw else (json.loads(body) if body else None)
 
     def upload(self, path_or_snapshot, **kwargs):
         """Uploads a snapshot (see `fragscope.upload`); returns its `Snapshot`, or raises
@@ -51,16 +51,16 @@ class Client:
         d = upload(path_or_snapshot, self.url, token=self.token, quiet=True, **kwargs)
         if not d.ok:
             raise ServerError(0, f"{d.error}; saved to {d.saved}")
-        return Snapshot(self, d.id)
+        return Snapshot(self, d.id, delete_key=d.delete_key)
 
-    def snapshot(self, id):
-        return Snapshot(self, id)
+    def snapshot(self, id, delete_key=None):
+        return Snapshot(self, id, delete_key=delete_key)
 
     def snapshots(self, limit=50):
         return self._get("/api/v1/snapshots", {"limit": limit})
 
-    def run(self, id):
-        return Run(self, id)
+    def run(self, id, delete_key=None):
+        return Run(self, id, delete_key=delete_key)
 
     def compare(self, a, b):
         """Two snapshots side by side (`a` before, `b` after): the API's compare document."""
@@ -77,13 +77,24 @@ def _frame(columns):
 class Snapshot:
     """One uploaded snapshot, by id."""
 
-    def __init__(self, client, id):
+    def __init__(self, client, id, delete_key=None):
         self.client = client
         self.id = id
+        # The upload's delete key: without a server token, only it deletes the upload.
+        self.delete_key = delete_key
 
     @property
     def page_url(self):
         return f"{self.client.url}/s/{self.id}"
+
+    def delete(self):
+        """Deletes the upload: with the client's token, or the delete key its upload returned."""
+        headers = {"X-Fragscope-Key": self.delete_key} if self.delete_key else None
+        self.client._get(f"/api/v1/snapshots/{self.id}", raw=True, method="DELETE", headers=headers)
+
+    def retry(self):
+        """Queues a failed analysis again; returns the status."""
+        return self.client._get(f"/api/v1/snapshots/{self.id}/retry", method="POST")
 
     def status(self):
         return self.client._get(f"/api/v1/snapshots/{self.id}")
@@ -190,9 +201,16 @@ class Snapshot:
 class Run:
     """A run: one job's ranks."""
 
-    def __init__(self, client, id):
+    def __init__(self, client, id, delete_key=None):
         self.client = client
         self.id = id
+        # The delete key of the upload that started the run.
+        self.delete_key = delete_key
+
+    def delete(self):
+        """Deletes the run and its uploads: with the client's token, or the starting upload's key."""
+        headers = {"X-Fragscope-Key": self.delete_key} if self.delete_key else None
+        self.client._get(f"/api/v1/runs/{self.id}", raw=True, method="DELETE", headers=headers)
 
     def view(self):
         return self.client._get(f"/api/v1/runs/{self.id}")

@@ -35,7 +35,7 @@ def default_rank():
 
 
 class Delivery:
-    """Where a snapshot went: the server's answer (`id`, `page_url`, `run_url`), or the local
+    """Where a snapshot went: the server's answer (`id`, `page_url`, `run_url`, `delete_key`), or the local
     file it was saved to when the server could not take it (`saved`, with `error`)."""
 
     def __init__(self, answer=None, base=None, saved=None, error=None):
@@ -44,6 +44,8 @@ class Delivery:
         self.page_url = base + self.answer["page_url"] if answer else None
         run = self.answer.get("run")
         self.run_url = base + run["page_url"] if run else None
+        # Deletes this upload (and its run, when it started it); the server keeps only a hash.
+        self.delete_key = self.answer.get("delete_key")
         self.saved = saved
         self.error = error
 

@@ -62,6 +62,21 @@ class AgainstTheServer(unittest.TestCase):
         b = snap.breakdown()
         self.assertEqual(sum(b["categories"].values()), b["allocated_bytes"])
 
+    def test_only_the_delete_key_deletes_an_upload_on_an_open_server(self):
+        client = fragscope.Client(URL)
+        snap = client.upload(fixture("seed_frag_default"), name="to delete")
+        self.assertRegex(snap.delete_key, r"^[0-9a-f]{32}$")
+        with self.assertRaises(fragscope.ServerError) as e:
+            client.snapshot(snap.id).delete()
+        self.assertEqual(e.exception.status, 403)
+        with self.assertRaises(fragscope.ServerError) as e:
+            client.snapshot(snap.id, delete_key="0" * 32).delete()
+        self.assertEqual(e.exception.status, 403)
+        snap.delete()
+        with self.assertRaises(fragscope.ServerError) as e:
+            snap.status()
+        self.assertEqual(e.exception.status, 404)
+
     def test_dataframes(self):
         try:
             import pandas  # noqa: F401

@@ -88,7 +88,7 @@ fn read_with<'a, R: Read, S: Sink>(
     sink: &'a mut S,
     parts: Option<Box<dyn split::Parts<R, S> + 'a>>,
 ) -> Result<Parsed, Failure<S::Error>> {
-    let mut heap = Heap::default();
+    let mut heap = Heap::within(limits.max_heap_bytes);
     sink.prepare(&mut heap.strings);
     let input = Input::new(reader, limits.max_input_bytes);
     let mut vm = Vm::new(input, limits, sink, heap, Memo::new());
@@ -194,6 +194,9 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
         if self.heap.container_count() >= self.limits.max_containers.min(u32::MAX as u64) {
             return self.limit("number of containers", self.limits.max_containers);
         }
+        if self.heap.over_budget(0) {
+            return self.err(self.heap.memory_error(0));
+        }
         Ok(self.heap.new_node(kind))
     }
 
@@ -202,7 +205,10 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
     fn settle_range(&mut self, id: u32, from: usize) -> Res<u32, S::Error> {
         let n = (self.stack.len() - from) as u64;
         if !self.heap.room_for_values(n, self.limits.max_values) {
-            return self.limit("number of values", self.limits.max_values);
+            if self.heap.value_count() + n > self.limits.max_values {
+                return self.limit("number of values", self.limits.max_values);
+            }
+            return self.err(self.heap.memory_error(n));
         }
         let mut max_depth = 0;
         for i in from..self.stack.len() {
@@ -314,6 +320,13 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
         }
         if index == len && len >= self.limits.max_memo {
             return self.limit("memo size", self.limits.max_memo);
+        }
+        // The memo's slots count against the heap's budget, checked every 64Ki entries.
+        if index == len && len & 0xFFFF == 0 && self.heap.budget != 0 {
+            self.heap.outside = len * 8;
+            if self.heap.over_budget(0) {
+                return self.err(self.heap.memory_error(0));
+            }
         }
         if !self.memo.put(index as usize, v) {
             return self.limit("memoized scalars", MEMO_PAYLOAD as u64);

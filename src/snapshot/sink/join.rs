@@ -37,6 +37,7 @@ impl SnapshotSink {
         SnapshotSink {
             keys: self.keys,
             max_events: self.max_events,
+            events_budget: self.events_budget,
             events: Vec::new(),
             times: Times::default(),
             extras: Vec::new(),

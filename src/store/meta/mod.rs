@@ -36,8 +36,12 @@ fn migrator(engine: Engine) -> Migrator {
             migration(2, "runs", include_str!("../../../migrations/sqlite/0002_runs.sql")),
             migration(3, "attempts", include_str!("../../../migrations/sqlite/0003_attempts.sql")),
             migration(4, "queue", include_str!("../../../migrations/sqlite/0004_queue.sql")),
+            migration(5, "owners", include_str!("../../../migrations/sqlite/0005_owners.sql")),
         ],
-        Engine::Postgres => vec![migration(1, "schema", include_str!("../../../migrations/postgres/0001_schema.sql"))],
+        Engine::Postgres => vec![
+            migration(1, "schema", include_str!("../../../migrations/postgres/0001_schema.sql")),
+            migration(2, "owners", include_str!("../../../migrations/postgres/0002_owners.sql")),
+        ],
     })
 }
 
@@ -155,13 +159,17 @@ impl Meta {
             .acquire_timeout(std::time::Duration::from_secs(10));
         let options = if engine == Engine::Sqlite {
             // Readers stay unblocked while a row changes; writers wait for each other.
-            options.after_connect(|conn, _| {
-                Box::pin(async move {
-                    conn.execute("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 10000")
+            options
+                .after_connect(|conn, _| {
+                    Box::pin(async move {
+                        conn.execute(
+                            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 10000",
+                        )
                         .await
                         .map(|_| ())
+                    })
                 })
-            })
+                .after_release(|conn, _| Box::pin(async move { Ok(ends_outside_transaction(conn).await) }))
         } else {
             options
         };
@@ -183,6 +191,23 @@ impl Meta {
         m.run(&mut *conn).await?;
         drop(conn);
         Ok(Meta { pool, engine })
+    }
+}
+
+/// Whether a SQLite connection given back to the pool is outside any transaction, as it must
+/// be; one still inside is rolled back and closed. A write that fails on a full disk can
+/// leave SQLite's transaction open while sqlx counts it as ended (or the reverse); pooled
+/// again, that connection held the write lock for good: every later write waited out the
+/// busy timeout ("database is locked"), and an upload "committed" inside the stale
+/// transaction was lost at the restart. A `ROLLBACK` that succeeds proves the connection was
+/// inside one.
+async fn ends_outside_transaction(conn: &mut sqlx::AnyConnection) -> bool {
+    match conn.execute("ROLLBACK").await {
+        Ok(_) => {
+            tracing::warn!("a database connection was given back inside a transaction: rolled back and closed");
+            false
+        }
+        Err(_) => true,
     }
 }
 
@@ -221,11 +246,11 @@ pub fn redact(url: &str) -> String {
 
 type Conn = sqlx::AnyConnection;
 
-async fn insert(c: &mut Conn, r: &SnapshotRow) -> Result<(), sqlx::Error> {
+async fn insert(c: &mut Conn, r: &SnapshotRow, owner: &str) -> Result<(), sqlx::Error> {
     sqlx::query(concat!(
         "INSERT INTO snapshots (",
         columns!(),
-        ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+        ", owner, arrived_us) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
     ))
     .bind(&r.id)
     .bind(&r.sha256)
@@ -239,6 +264,8 @@ async fn insert(c: &mut Conn, r: &SnapshotRow) -> Result<(), sqlx::Error> {
     .bind(&r.run_id)
     .bind(r.rank)
     .bind(summary_json(r.summary.as_ref()))
+    .bind(owner)
+    .bind(arrived_us())
     .execute(c)
     .await?;
     Ok(())
@@ -264,11 +291,11 @@ async fn lock_content(c: &mut Conn, engine: Engine, sha256: &str) -> Result<(), 
 
 /// `r` with the analysis state of the first upload of the same bytes (the caller holds the
 /// content key, see [`lock_content`]); None when there is no such upload.
-async fn insert_copy(c: &mut Conn, r: &SnapshotRow) -> Result<Option<SnapshotRow>, sqlx::Error> {
+async fn insert_copy(c: &mut Conn, r: &SnapshotRow, owner: &str) -> Result<Option<SnapshotRow>, sqlx::Error> {
     let done = sqlx::query(
-        "INSERT INTO snapshots (id, sha256, name, note, bytes, status, error, verdict, created_at, run_id, rank, summary)
-         SELECT $1, sha256, $2, $3, bytes, status, error, verdict, $4, $5, $6, summary
-         FROM snapshots WHERE sha256 = $7 ORDER BY created_at, id LIMIT 1",
+        "INSERT INTO snapshots (id, sha256, name, note, bytes, status, error, verdict, created_at, run_id, rank, summary, owner, arrived_us)
+         SELECT $1, sha256, $2, $3, bytes, status, error, verdict, $4, $5, $6, summary, $7, $8
+         FROM snapshots WHERE sha256 = $9 ORDER BY created_at, id LIMIT 1",
     )
     .bind(&r.id)
     .bind(&r.name)
@@ -276,6 +303,8 @@ async fn insert_copy(c: &mut Conn, r: &SnapshotRow) -> Result<Option<SnapshotRow
     .bind(r.created_at)
     .bind(&r.run_id)
     .bind(r.rank)
+    .bind(owner)
+    .bind(arrived_us())
     .bind(&r.sha256)
     .execute(&mut *c)
     .await?;
@@ -285,22 +314,78 @@ async fn insert_copy(c: &mut Conn, r: &SnapshotRow) -> Result<Option<SnapshotRow
     get(c, &r.id).await
 }
 
+/// Microseconds since the epoch: the order uploads arrived in.
+fn arrived_us() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as i64).unwrap_or(0)
+}
+
+/// Who may delete an upload (and the run it started): the hash of the key its upload was
+/// given, and the run key to join, if any.
+pub struct Owner<'a> {
+    /// sha256 of the delete key, as hex.
+    pub key_hash: &'a str,
+    pub run_key: Option<&'a str>,
+}
+
+/// A stored upload row, and what storing it did.
+pub struct Added {
+    pub row: SnapshotRow,
+    /// The first upload of its bytes: its analysis was queued.
+    pub new: bool,
+    /// It started its run (its delete key deletes the run too).
+    pub made_run: bool,
+}
+
+/// Joins the run of `key` inside the upload's own transaction, making it if there is none:
+/// on Postgres the run's row stays locked until the upload's row is in, so a delete of the
+/// run either waits for the upload and deletes it too, or finishes first and the upload
+/// starts a new run under the same key; SQLite runs one writer at a time. Sets the row's
+/// run; true when this made the run.
+async fn join_run(c: &mut Conn, engine: Engine, owner: &Owner<'_>, r: &mut SnapshotRow) -> Result<bool, sqlx::Error> {
+    let Some(key) = owner.run_key else { return Ok(false) };
+    let sql = match engine {
+        Engine::Sqlite => "SELECT id FROM runs WHERE key = $1",
+        Engine::Postgres => "SELECT id FROM runs WHERE key = $1 FOR UPDATE",
+    };
+    // A delete committed between the insert that met the key and the select: insert again.
+    for _ in 0..3 {
+        let made = sqlx::query(
+            "INSERT INTO runs (id, key, created_at, owner) VALUES ($1, $2, $3, $4) ON CONFLICT (key) DO NOTHING",
+        )
+        .bind(super::random_id())
+        .bind(key)
+        .bind(r.created_at)
+        .bind(owner.key_hash)
+        .execute(&mut *c)
+        .await?
+        .rows_affected()
+            == 1;
+        if let Some(id) = sqlx::query_scalar::<_, String>(sql).bind(key).fetch_optional(&mut *c).await? {
+            r.run_id = Some(id);
+            return Ok(made);
+        }
+    }
+    Err(sqlx::Error::RowNotFound)
+}
+
 impl Meta {
     /// A new upload of bytes already stored, sharing their analysis; None when no upload of
     /// them is left.
-    pub async fn insert_copy(&self, r: &SnapshotRow) -> Result<Option<SnapshotRow>, StoreError> {
+    pub async fn insert_copy(&self, r: &SnapshotRow, owner: &Owner<'_>) -> Result<Option<Added>, StoreError> {
         let mut tx = self.pool.begin().await?;
+        let mut r = r.clone();
+        let made_run = join_run(&mut tx, self.engine, owner, &mut r).await?;
         lock_content(&mut tx, self.engine, &r.sha256).await?;
-        let copy = insert_copy(&mut tx, r).await?;
+        let Some(row) = insert_copy(&mut tx, &r, owner.key_hash).await? else { return Ok(None) };
         tx.commit().await?;
-        Ok(copy)
+        Ok(Some(Added { row, new: false, made_run }))
     }
 
     /// Adds an upload whose blob is stored. The content's key is claimed with a unique
     /// constraint, in one transaction: the first upload of some bytes is inserted queued and
     /// its analysis queued; any other (a replica that took the same bytes at the same moment)
-    /// waits for it and joins it. Returns the row and whether it was the first.
-    pub async fn add(&self, r: &SnapshotRow) -> Result<(SnapshotRow, bool), StoreError> {
+    /// waits for it and joins it. The upload joins its run in the same transaction.
+    pub async fn add(&self, r: &SnapshotRow, owner: &Owner<'_>) -> Result<Added, StoreError> {
         let mut tx = self.pool.begin().await?;
         let won =
             sqlx::query("INSERT INTO contents (sha256, created_at) VALUES ($1, $2) ON CONFLICT (sha256) DO NOTHING")
@@ -310,15 +395,35 @@ impl Meta {
                 .await?
                 .rows_affected()
                 == 1;
+        let mut r = r.clone();
+        let made_run = join_run(&mut tx, self.engine, owner, &mut r).await?;
         lock_content(&mut tx, self.engine, &r.sha256).await?;
-        if !won && let Some(copy) = insert_copy(&mut tx, r).await? {
+        if !won && let Some(copy) = insert_copy(&mut tx, &r, owner.key_hash).await? {
             tx.commit().await?;
-            return Ok((copy, false));
+            return Ok(Added { row: copy, new: false, made_run });
         }
-        insert(&mut tx, r).await?;
+        insert(&mut tx, &r, owner.key_hash).await?;
         queue::enqueue(&mut tx, &r.sha256, r.created_at).await?;
         tx.commit().await?;
-        Ok((r.clone(), true))
+        Ok(Added { row: r, new: true, made_run })
+    }
+
+    /// The hash of the delete key an upload was given (None: no such upload, or one made
+    /// before uploads had keys).
+    pub async fn owner(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let o: Option<Option<String>> =
+            sqlx::query_scalar("SELECT owner FROM snapshots WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
+        Ok(o.flatten())
+    }
+
+    /// Uploads that name a run no longer there (a run delete that a stop interrupted).
+    pub async fn orphans(&self) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id FROM snapshots WHERE run_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.id = snapshots.run_id)",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| r.try_get("id")).collect::<Result<_, _>>()?)
     }
 
     pub async fn get(&self, id: &str) -> Result<Option<SnapshotRow>, StoreError> {
@@ -437,6 +542,14 @@ impl Meta {
         Ok(())
     }
 
+    /// Whether a write could start now: on SQLite, the write lock is taken and let go (a
+    /// connection stuck inside a transaction holds it, and every upload would wait and fail).
+    pub async fn ping_write(&self) -> Result<(), StoreError> {
+        let tx = self.write_transaction().await?;
+        tx.rollback().await?;
+        Ok(())
+    }
+
     pub async fn close(&self) {
         self.pool.close().await;
     }
@@ -502,11 +615,11 @@ mod tests {
             rank: None,
             summary: None,
         };
-        let (_, first) = meta.add(&row).await.unwrap();
-        assert!(first);
-        let (copy, first) = meta.add(&SnapshotRow { id: "y".into(), ..row.clone() }).await.unwrap();
-        assert!(!first, "the same bytes again join the first upload");
-        assert_eq!(copy.status, Status::Queued);
+        let owner = Owner { key_hash: "k", run_key: None };
+        assert!(meta.add(&row, &owner).await.unwrap().new);
+        let copy = meta.add(&SnapshotRow { id: "y".into(), ..row.clone() }, &owner).await.unwrap();
+        assert!(!copy.new, "the same bytes again join the first upload");
+        assert_eq!(copy.row.status, Status::Queued);
         assert_eq!(meta.claim("a", 100, 160).await.unwrap().unwrap().attempts, 1);
         assert!(meta.claim("b", 150, 210).await.unwrap().is_none(), "held under a live lease");
         let again = meta.claim("b", 161, 221).await.unwrap().expect("the lease ran out");
@@ -516,5 +629,28 @@ mod tests {
         meta.finish("ef", Status::Ready, None, Some("no_oom"), None).await.unwrap();
         assert_eq!(meta.get("y").await.unwrap().unwrap().status, Status::Ready);
         assert!(meta.claim("c", 1000, 1060).await.unwrap().is_none(), "done: off the queue");
+        // Failed bytes go back on the queue, unclaimed and uncounted; ready ones do not.
+        assert!(!meta.requeue("ef", 1100).await.unwrap(), "ready is not retried");
+        meta.finish("ef", Status::Failed, Some("died"), None, None).await.unwrap();
+        assert!(meta.requeue("ef", 1100).await.unwrap());
+        assert_eq!(meta.get("x").await.unwrap().unwrap().status, Status::Queued);
+        assert_eq!(meta.claim("d", 1200, 1260).await.unwrap().unwrap().attempts, 1);
+    }
+
+    /// A connection given back inside a transaction (as a write that fails on a full disk can
+    /// leave one) is rolled back and dropped, not pooled holding the write lock.
+    #[tokio::test]
+    async fn a_connection_left_inside_a_transaction_does_not_hold_the_write_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = Meta::open(&dir.path().join("db")).await.unwrap();
+        {
+            let mut c = meta.pool.acquire().await.unwrap();
+            // Begun behind sqlx's back, as SQLite keeps a transaction a failed COMMIT left open.
+            c.execute("BEGIN IMMEDIATE").await.unwrap();
+            c.execute("INSERT INTO runs (id, key, created_at) VALUES ('r', 'k', 1)").await.unwrap();
+        }
+        let write = tokio::time::timeout(std::time::Duration::from_secs(5), meta.ping_write()).await;
+        assert!(matches!(write, Ok(Ok(()))), "the write lock is still held: {write:?}");
+        assert!(meta.run("r").await.unwrap().is_none(), "the stale transaction was rolled back");
     }
 }

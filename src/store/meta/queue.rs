@@ -27,7 +27,10 @@ pub(super) async fn enqueue(c: &mut Conn, sha256: &str, now: i64) -> Result<(), 
 
 /// Marks the uploads of claimed bytes as being analysed.
 async fn mark_analyzing(c: &mut Conn, sha256: &str) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE snapshots SET status = 'analyzing', error = NULL WHERE sha256 = $1").bind(sha256).execute(c).await?;
+    sqlx::query("UPDATE snapshots SET status = 'analyzing', error = NULL WHERE sha256 = $1")
+        .bind(sha256)
+        .execute(c)
+        .await?;
     Ok(())
 }
 
@@ -93,10 +96,32 @@ impl Meta {
         .execute(&mut *tx)
         .await?;
         if released.rows_affected() == 1 {
-            sqlx::query("UPDATE snapshots SET status = 'queued' WHERE sha256 = $1").bind(sha256).execute(&mut *tx).await?;
+            sqlx::query("UPDATE snapshots SET status = 'queued' WHERE sha256 = $1")
+                .bind(sha256)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Queues the analysis of failed bytes again, as if never tried (a retry after a crash, or
+    /// after a fix); false when they are not failed.
+    pub async fn requeue(&self, sha256: &str, now: i64) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let done =
+            sqlx::query("UPDATE snapshots SET status = 'queued', error = NULL WHERE sha256 = $1 AND status = 'failed'")
+                .bind(sha256)
+                .execute(&mut *tx)
+                .await?;
+        if done.rows_affected() == 0 {
+            return Ok(false);
+        }
+        super::lock_content(&mut tx, self.engine, sha256).await?;
+        sqlx::query("DELETE FROM jobs WHERE sha256 = $1").bind(sha256).execute(&mut *tx).await?;
+        enqueue(&mut tx, sha256, now).await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Extends a lease; false when `owner` no longer holds it (it ran out and another replica

@@ -16,6 +16,7 @@ pub const PATHS: &[&str] = &[
     "/api/v1/snapshots",
     "/api/v1/snapshots/{id}",
     "/api/v1/snapshots/{id}/blob",
+    "/api/v1/snapshots/{id}/retry",
     "/api/v1/snapshots/{id}/analysis",
     "/api/v1/snapshots/{id}/diagnosis",
     "/api/v1/snapshots/{id}/ooms",
@@ -43,6 +44,7 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/api/v1/snapshots", post(snapshots::create).layer(DefaultBodyLimit::disable()).get(snapshots::list))
         .route(one, get(snapshots::get).delete(snapshots::delete))
         .route(&format!("{one}/blob"), get(snapshots::blob))
+        .route(&format!("{one}/retry"), post(snapshots::retry))
         .route(&format!("{one}/analysis"), get(views::analysis))
         .route(&format!("{one}/diagnosis"), get(views::diagnosis))
         .route(&format!("{one}/ooms"), get(views::ooms))

@@ -10,8 +10,8 @@ use serde::Deserialize;
 use crate::analysis::compare::Comparison;
 use crate::service::runs::{MAX_CURVES, RunView};
 use crate::web::AppState;
-use crate::web::error::ApiError;
 use crate::web::api::snapshots::ListQuery;
+use crate::web::error::ApiError;
 use crate::web::extract::{Path, Query};
 
 /// A run by its page id, with each rank's numbers.
@@ -32,14 +32,16 @@ pub(crate) async fn list(
     Ok(Json(app.service.runs(q.limit.unwrap_or(20).min(100), q.offset.unwrap_or(0)).await?))
 }
 
-/// Deletes a run and every snapshot in it.
+/// Deletes a run and every snapshot in it: with the token, or the delete key of the upload
+/// that started the run.
 pub(crate) async fn delete(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    app.authorize(&headers)?;
     app.run(&id).await?;
+    let (store, of) = (app.service.store.clone(), id.clone());
+    app.may_delete(&headers, |key| async move { store.owns_run(&of, &key).await }).await?;
     app.service.delete_run(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use crate::service::Upload;
+use crate::service::runs::MAX_RANK;
 use crate::store::Label;
 use crate::store::{SnapshotRow, Status};
 use crate::web::error::ApiError;
@@ -30,6 +31,11 @@ pub(crate) struct Created {
     /// True when the same bytes were uploaded before: they are analysed once, and this upload
     /// has its own id, name and note all the same.
     duplicate: bool,
+    /// The same bytes had failed before and were queued again.
+    retried: bool,
+    /// Deletes this upload (`X-Fragscope-Key`), and its run when this upload started it. Given
+    /// only here; the server keeps a hash.
+    delete_key: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     run: Option<RunLink>,
 }
@@ -38,6 +44,8 @@ pub(crate) struct Created {
 pub(crate) struct RunLink {
     id: String,
     page_url: String,
+    /// This upload started the run: its delete key deletes the run too.
+    started: bool,
 }
 
 /// Characters that reorder text on screen (U+202E shows `gpj.exe` as `exe.jpg`).
@@ -57,8 +65,8 @@ fn label(q: CreateQuery, form: upload::Form) -> Result<Label, ApiError> {
     let run_key = q.run.or(form.run).map(|r| clean(&r, 200)).filter(|r| !r.is_empty());
     let rank = match q.rank.or(form.rank).map(|r| r.trim().to_string()).filter(|r| !r.is_empty()) {
         None => None,
-        Some(r) => Some(r.parse::<i64>().ok().filter(|r| (0..=1_000_000).contains(r)).ok_or_else(|| {
-            ApiError::BadRequest(format!("rank must be a whole number from 0 to 1000000, got {:?}", clean(&r, 40)))
+        Some(r) => Some(r.parse::<i64>().ok().filter(|r| (0..=MAX_RANK).contains(r)).ok_or_else(|| {
+            ApiError::BadRequest(format!("rank must be a whole number from 0 to {MAX_RANK}, got {:?}", clean(&r, 40)))
         })?),
     };
     Ok(Label { name: clean(&name, 200), note: clean(&note, 4000), run_key, rank })
@@ -77,7 +85,8 @@ pub(crate) async fn create(
     let path = temp.0.clone();
     let staging = store.stage().await;
     // Parsed while it arrives when the budget allows now, so the link is ready soon after.
-    let announced = upload::announced(&headers).filter(|b| *b <= app.config.max_upload && app.config.parse_while_arriving);
+    let announced =
+        upload::announced(&headers).filter(|b| *b <= app.config.max_upload && app.config.parse_while_arriving);
     let mut early = app.service.start_early(announced);
     let feed = early.as_mut().and_then(|e| e.feed());
     let got = upload::receive(request, temp, (staging, feed), app.config.max_upload, idle)
@@ -94,16 +103,19 @@ pub(crate) async fn create(
     let (temp, sha256, bytes, head, staged) = (got.temp, got.sha256, got.bytes, got.head, got.staged);
     let up = Upload { temp, sha256, bytes, head, label, staged, early };
     let admitted = app.service.admit(up).await?;
-    Ok((StatusCode::ACCEPTED, Json(created(&admitted.row, admitted.duplicate))))
+    Ok((StatusCode::ACCEPTED, Json(created(admitted))))
 }
 
-fn created(row: &SnapshotRow, duplicate: bool) -> Created {
+fn created(a: crate::service::Admitted) -> Created {
+    let row = &a.row;
     Created {
         id: row.id.clone(),
         status_url: format!("/api/v1/snapshots/{}", row.id),
         page_url: format!("/s/{}", row.id),
-        duplicate,
-        run: row.run_id.as_ref().map(|r| RunLink { id: r.clone(), page_url: format!("/r/{r}") }),
+        duplicate: a.duplicate,
+        retried: a.retried,
+        run: row.run_id.as_ref().map(|r| RunLink { id: r.clone(), page_url: format!("/r/{r}"), started: a.made_run }),
+        delete_key: a.delete_key,
     }
 }
 
@@ -179,10 +191,30 @@ pub(crate) async fn delete(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    app.authorize(&headers)?;
     app.row(&id).await?;
+    let (store, of) = (app.service.store.clone(), id.clone());
+    app.may_delete(&headers, |key| async move { store.owns(&of, &key).await }).await?;
     app.service.delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Queues a failed analysis again (after a crash, or on a newer server): 202 with the status,
+/// 409 when it had not failed.
+pub(crate) async fn retry(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<StatusView>), ApiError> {
+    app.authorize(&headers)?;
+    let row = app.row(&id).await?;
+    if !app.service.retry(&row.sha256).await? {
+        return Err(ApiError::NotReady(format!(
+            "only a failed analysis is retried; this one is {}",
+            row.status.as_str()
+        )));
+    }
+    let row = app.row(&id).await?;
+    Ok((StatusCode::ACCEPTED, Json(status_view(&app, row))))
 }
 
 /// The original upload, as an attachment (never rendered by the browser).

@@ -45,16 +45,22 @@ export function bindCopy() {
   }
 }
 
-/** The delete button: asks first, sends the session's token (asking for it if the server
- *  wants one), and goes home once the snapshot is gone. */
+/** The delete button: asks first, sends the session's token and this browser's delete key
+ *  for the upload (kept when it was uploaded here), asks for either when the server refuses,
+ *  and goes home once the snapshot is gone. */
 export function bindDelete(api) {
   const button = document.getElementById("delete");
   if (!button) return;
+  const id = api.split("/").pop();
   button.addEventListener("click", async () => {
     if (!confirm("Delete this snapshot? Its link stops working for everyone.")) return;
     const send = () => {
+      const headers = {};
       const t = sessionStorage.getItem("fragscope-token");
-      return fetch(api, { method: "DELETE", headers: t ? { Authorization: `Bearer ${t}` } : {} });
+      if (t) headers.Authorization = `Bearer ${t}`;
+      const k = localStorage.getItem(`fragscope-key:${id}`);
+      if (k) headers["X-Fragscope-Key"] = k;
+      return fetch(api, { method: "DELETE", headers });
     };
     let r = await send();
     if (r.status === 401) {
@@ -62,9 +68,16 @@ export function bindDelete(api) {
       if (!t) return;
       sessionStorage.setItem("fragscope-token", t);
       r = await send();
+    } else if (r.status === 403) {
+      const k = prompt("Only the uploader deletes a snapshot: paste the delete key its upload returned:");
+      if (!k) return;
+      localStorage.setItem(`fragscope-key:${id}`, k.trim());
+      r = await send();
     }
-    if (r.ok) location.href = "/";
-    else button.textContent = `delete failed (${r.status})`;
+    if (r.ok) {
+      localStorage.removeItem(`fragscope-key:${id}`);
+      location.href = "/";
+    } else button.textContent = `delete failed (${r.status})`;
   });
 }
 
