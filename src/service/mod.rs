@@ -100,6 +100,9 @@ impl Service {
         }
         let worker =
             Worker::start(store.clone(), cache.clone(), counters.clone(), (workers, memory / 4 * 3 - checks), leases);
+        if store.blobs.remote().is_some() {
+            tokio::spawn(drop_deleted_copies(store.clone(), cache.clone()));
+        }
         Ok(Service { store, worker, loaded: cache, counters })
     }
 
@@ -296,6 +299,27 @@ impl Service {
             self.loaded.remove(&gone.sha256);
         }
         Ok(true)
+    }
+}
+
+/// How often a replica looks for content deleted elsewhere (see `Store::drop_deleted_copies`).
+const DELETES_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Removes, every few seconds, this replica's copies (cached files and parsed snapshots) of
+/// content another replica deleted.
+async fn drop_deleted_copies(store: Arc<Store>, loaded: Arc<Loaded>) {
+    let mut tick = tokio::time::interval(DELETES_EVERY);
+    loop {
+        tick.tick().await;
+        match store.drop_deleted_copies().await {
+            Ok(dropped) => {
+                for sha256 in &dropped {
+                    loaded.remove(sha256);
+                    tracing::info!(sha256, "deleted on another replica: local copies removed");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot look for deleted content; trying again"),
+        }
     }
 }
 

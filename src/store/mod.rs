@@ -186,6 +186,30 @@ impl Store {
     }
 
     /// A new file for an upload in progress, and its path.
+    /// With an object store, removes this replica's cached copies of content no upload refers
+    /// to any more: another replica deleted it (the bucket is emptied there, but each replica's
+    /// cache is its own, and a delete must remove every copy). The content removed.
+    pub async fn drop_deleted_copies(&self) -> Result<Vec<String>, StoreError> {
+        let Some(remote) = self.blobs.remote() else { return Ok(Vec::new()) };
+        let live: std::collections::HashSet<String> = self.meta.all_sha256().await?.into_iter().collect();
+        let mut dropped = Vec::new();
+        for sha in remote.cache.blob_keys()? {
+            if !live.contains(&sha) {
+                remote.cache.remove_blob(&sha)?;
+                dropped.push(sha);
+            }
+        }
+        for key in self.results.keys()? {
+            if valid_sha256(&key) && !live.contains(&key) {
+                self.results.delete_folder(&key)?;
+                dropped.push(key);
+            }
+        }
+        dropped.sort();
+        dropped.dedup();
+        Ok(dropped)
+    }
+
     /// Whether the data folder takes a write now: a small file written, synced and removed
     /// (a full disk fails here, as an upload would).
     pub fn probe_disk(&self) -> std::io::Result<()> {

@@ -351,6 +351,27 @@ impl Cache {
         self.dir.join("blobs").join(sha256)
     }
 
+    /// The blobs cached here, by sha256.
+    pub fn blob_keys(&self) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(self.dir.join("blobs"))? {
+            if let Some(name) = e?.file_name().to_str()
+                && crate::store::valid_sha256(name)
+            {
+                out.push(name.to_string());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes a cached blob.
+    pub fn remove_blob(&self, sha256: &str) -> io::Result<()> {
+        match std::fs::remove_file(self.blob(sha256)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// Marks a file or folder used now.
     pub fn touch(&self, path: &Path) {
         if let Ok(f) = std::fs::File::open(path) {

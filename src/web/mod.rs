@@ -35,6 +35,9 @@ pub(crate) struct AppState(Arc<Inner>);
 pub(crate) struct Inner {
     pub(crate) config: Config,
     pub(crate) service: Service,
+    /// Uploads arriving at once: at most half the connections, so that slow uploads can never
+    /// take every connection from health checks and links.
+    pub(crate) uploads: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::ops::Deref for AppState {
@@ -183,7 +186,8 @@ pub(crate) async fn state(config: Config) -> Result<AppState, Box<dyn std::error
         config.database_url.as_deref().map(crate::store::redact).unwrap_or_else(|| "sqlite (data folder)".into());
     let blobs = config.blob_store.clone().unwrap_or_else(|| "data folder".into());
     tracing::info!(database, blobs, "store");
-    Ok(AppState(Arc::new(Inner { config, service })))
+    let uploads = Arc::new(tokio::sync::Semaphore::new((config.max_connections / 2).max(1)));
+    Ok(AppState(Arc::new(Inner { config, service, uploads })))
 }
 
 /// Opens the store, restarts unfinished analyses, and serves until Ctrl-C or SIGTERM; then

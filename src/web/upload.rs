@@ -272,11 +272,36 @@ async fn receive_into(request: Request, spool: &mut Spool, idle: std::time::Dura
     got
 }
 
+/// What a form may spend, in all, on everything but its file: the parts' headers and the text
+/// fields (a few KiB). Each read waiting at most `idle` does not bound them: one byte every
+/// 2 s inside a note never stalls a read, and held its connection for good.
+struct Rest {
+    left: std::time::Duration,
+    idle: std::time::Duration,
+}
+
+impl Rest {
+    /// Runs `read`, charging its time; 408 once the form's whole allowance is spent.
+    async fn within<T>(&mut self, read: impl std::future::Future<Output = T>) -> Result<T, ApiError> {
+        let started = tokio::time::Instant::now();
+        let got = tokio::time::timeout(self.left, read).await.map_err(|_| {
+            ApiError::Timeout(format!(
+                "the form's fields other than the file took more than {} s to arrive",
+                self.idle.as_secs()
+            ))
+        });
+        self.left = self.left.saturating_sub(started.elapsed());
+        got
+    }
+}
+
 /// Writes the form's file field to `spool`; returns its text fields.
 async fn read_form(form: &mut Multipart, spool: &mut Spool, idle: std::time::Duration) -> Result<Form, ApiError> {
     let (mut form_fields, mut got_file) = (Form::default(), false);
-    while let Some(mut field) = tokio::time::timeout(idle, form.next_field())
-        .await
+    let mut rest = Rest { left: idle, idle };
+    while let Some(mut field) = rest
+        .within(tokio::time::timeout(idle, form.next_field()))
+        .await?
         .map_err(|_| too_slow(idle))?
         .map_err(|e| ApiError::BadRequest(e.body_text()))?
     {
@@ -292,7 +317,7 @@ async fn read_form(form: &mut Multipart, spool: &mut Spool, idle: std::time::Dur
             }
             continue;
         }
-        let text = text_field(&mut field, &field_name, idle).await?;
+        let text = rest.within(text_field(&mut field, &field_name, idle)).await??;
         match field_name.as_str() {
             "name" => form_fields.name = Some(text),
             "note" => form_fields.note = Some(text),

@@ -311,3 +311,63 @@ fn the_server_and_the_cli_read_the_same_odd_but_valid_files() {
         assert_eq!(server.wait_done(&id)["status"], "ready", "{}", file.display());
     }
 }
+
+/// Starts a form upload on a raw connection whose `note` field then arrives one byte every
+/// `every`, on its own thread; the answer's status line (empty if none) and how long it took.
+fn slow_note(base: &str, every: Duration, bytes: usize) -> std::thread::JoinHandle<(String, Duration)> {
+    use std::io::Write;
+    let addr = base.trim_start_matches("http://").to_string();
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let Ok(mut s) = std::net::TcpStream::connect(&addr) else { return (String::new(), started.elapsed()) };
+        let head = "--b\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\n";
+        let _ = write!(
+            s,
+            "POST /api/v1/snapshots HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000\r\n\r\n{head}"
+        );
+        s.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+        let mut answer = Vec::new();
+        for _ in 0..bytes {
+            if s.write_all(b"n").is_err() {
+                break;
+            }
+            let mut buf = [0u8; 512];
+            if let Ok(n) = s.read(&mut buf)
+                && n > 0
+            {
+                answer.extend_from_slice(&buf[..n]);
+                break;
+            }
+            std::thread::sleep(every);
+        }
+        let line = String::from_utf8_lossy(&answer).lines().next().unwrap_or("").to_string();
+        (line, started.elapsed())
+    })
+}
+
+/// A text field trickling one byte at a time (each read under the stall timeout) is cut off
+/// once the form's fields besides the file have taken the whole timeout.
+#[test]
+fn a_form_field_sent_a_byte_at_a_time_is_cut_off() {
+    let server = TestServer::start(&["--request-timeout", "2"]);
+    let (line, took) = slow_note(&server.base, Duration::from_millis(500), 60).join().unwrap();
+    assert!(line.contains(" 408 "), "no 408 for a trickling note: {line:?} after {took:?}");
+    assert!(took < Duration::from_secs(10), "held on for {took:?}");
+}
+
+/// A flood of slow uploads takes at most half the connections: health checks and links are
+/// still answered at once, and the uploads past that half are told to retry (503).
+#[test]
+fn slow_uploads_never_take_every_connection_from_health_checks() {
+    let server = TestServer::start(&["--request-timeout", "30", "--max-connections", "8"]);
+    let slow: Vec<_> = (0..8).map(|_| slow_note(&server.base, Duration::from_millis(500), 30)).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    for _ in 0..3 {
+        let started = Instant::now();
+        let r = TestServer::client().get(server.url("/healthz")).timeout(Duration::from_secs(5)).send();
+        assert!(r.is_ok_and(|r| r.status().is_success()), "healthz starved");
+        assert!(started.elapsed() < Duration::from_secs(2), "healthz took {:?}", started.elapsed());
+    }
+    let busy = slow.into_iter().map(|t| t.join().unwrap().0).filter(|l| l.contains(" 503 ")).count();
+    assert_eq!(busy, 4, "the uploads past half the connections are refused at once");
+}

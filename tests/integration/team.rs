@@ -45,6 +45,44 @@ fn replica(team: &Team, data: &std::path::Path) -> TestServer {
     TestServer::start_with(data, &args, &team.s3.env())
 }
 
+/// Files under `dir` whose path names `sha` (a replica's cached blob and results).
+fn copies_of(dir: &std::path::Path, sha: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.to_string_lossy().contains(sha) {
+                out.push(p.display().to_string());
+            } else if p.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// A delete on one replica removes the copies another replica cached while serving the
+/// snapshot: the replicas learn of deletes from the database, within seconds.
+#[test]
+fn a_delete_on_one_replica_removes_the_copies_on_every_other() {
+    let Some(team) = Team::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (replica(&team, &dir.path().join("a")), replica(&team, &dir.path().join("b")));
+    let created = a.upload(&snapshot_path("seed_frag_default"));
+    let id = created["id"].as_str().unwrap().to_string();
+    let sha = a.wait_done(&id)["sha256"].as_str().unwrap().to_string();
+    assert_eq!(b.get(&format!("/api/v1/snapshots/{id}/devices/0/state?event=final")).status().as_u16(), 200);
+    assert!(!copies_of(&b.data, &sha).is_empty(), "replica b cached nothing to test with");
+    assert_eq!(a.delete_with_key(&format!("/api/v1/snapshots/{id}"), created["delete_key"].as_str().unwrap()), 204);
+    let started = std::time::Instant::now();
+    while !copies_of(&b.data, &sha).is_empty() {
+        assert!(started.elapsed().as_secs() < 20, "b still holds {:?}", copies_of(&b.data, &sha));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(b.get(&format!("/api/v1/snapshots/{id}")).status().as_u16(), 404);
+}
+
 #[test]
 fn deleting_removes_the_blob_and_results_from_the_bucket() {
     let Some(team) = Team::start() else { return };

@@ -79,6 +79,12 @@ pub(crate) async fn create(
     request: Request,
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
     app.authorize(&headers)?;
+    let _arriving = app.uploads.clone().try_acquire_owned().map_err(|_| {
+        ApiError::Busy(format!(
+            "{} uploads are arriving at once, this server's most (half of --max-connections): try again shortly",
+            (app.config.max_connections / 2).max(1)
+        ))
+    })?;
     let idle = std::time::Duration::from_secs(app.config.request_timeout_secs);
     let store = &app.service.store;
     let temp = store.create_temp().map_err(crate::store::StoreError::from)?;
