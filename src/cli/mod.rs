@@ -322,6 +322,8 @@ pub(crate) fn options() -> ingest::Options {
     options_within(crate::config::cli_memory_budget())
 }
 
+/// The server's reading options (`service::ingest_options`, which the CLI may not use) with
+/// a budget always set.
 fn options_within(budget: u64) -> ingest::Options {
     ingest::Options { memory: Some(analysis::cost::costs(budget)), ..ingest::Options::default() }
 }

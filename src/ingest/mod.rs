@@ -34,7 +34,7 @@ pub struct Options {
     /// When a file on disk is read in two parts at once (None: never).
     pub two_parts: Option<TwoParts>,
     /// The memory the read, the model and the analysis may take together, and what each
-    /// part costs (`analysis::Costs::budget`): the reader's values, the events and each
+    /// part costs (`analysis::cost::costs`): the reader's values, the events and each
     /// segment's blocks are charged to it before they are made. None: only the counts cap them.
     pub memory: Option<snapshot::Budget>,
 }
@@ -146,12 +146,12 @@ impl IngestError {
     /// The input passed one of the reader's size, count or depth limits (rather than being
     /// malformed): what a server answers with 413.
     pub fn is_over_limit(&self) -> bool {
-        // A read past the memory budget is refused as the model's budget refusals are (422):
-        // what stops first depends on the budget, not on the file.
         matches!(self, IngestError::Read { error, .. } if matches!(error.kind, reader::ErrorKind::Limit { .. }))
     }
 
-    /// The values read so far would pass the memory budget (see `Options::memory`).
+    /// The values read so far would pass the memory budget (see `Options::memory`): refused
+    /// as the model's budget refusals are (422), since what stops first depends on the budget,
+    /// not on the file.
     pub fn is_over_budget(&self) -> bool {
         matches!(self, IngestError::Read { error, .. } if matches!(error.kind, reader::ErrorKind::Memory { .. }))
     }

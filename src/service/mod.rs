@@ -194,7 +194,7 @@ impl Service {
         match write.await {
             Err(_) => return Err("the database cannot take a write: it stayed locked for 2 s".into()),
             Ok(Err(e)) if e.is_disk_full() => return Err("the database's disk is full".into()),
-            Ok(Err(e)) => return Err(format!("the database cannot take a write: {}", with_sources(&e))),
+            Ok(Err(e)) => return Err(format!("the database cannot take a write: {}", e.with_sources())),
             Ok(Ok(())) => {}
         }
         let store = self.store.clone();
@@ -321,18 +321,6 @@ async fn drop_deleted_copies(store: Arc<Store>, loaded: Arc<Loaded>) {
             Err(e) => tracing::warn!(error = %e, "cannot look for deleted content; trying again"),
         }
     }
-}
-
-/// An error and its sources, for a message a person reads.
-fn with_sources(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    msg
 }
 
 /// Reading options for the server's parses: the reader, model and analysis held to `budget`

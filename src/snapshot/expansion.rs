@@ -14,7 +14,8 @@ pub const MAX_DEVICES: usize = 64;
 /// A memory budget for one snapshot's read, model and analysis, and what each part costs
 /// through all three: charged as the model is built, before the parts are made, so that a
 /// small compressed file of millions of blocks is refused by name instead of exhausting
-/// memory. The costs are the analysis's to know (`analysis::Costs`); ingest passes them in.
+/// memory. The costs are the analysis's to know (`analysis::cost::costs`); ingest passes
+/// them in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
     /// Bytes in all.

@@ -43,6 +43,19 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The error and its sources, for a log line or a message a person reads (the database
+    /// error's own text says only "database error").
+    pub fn with_sources(&self) -> String {
+        let mut msg = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            msg.push_str(": ");
+            msg.push_str(&s.to_string());
+            source = s.source();
+        }
+        msg
+    }
+
     /// The disk (or the quota) is full: a condition to report (507), not a bug.
     pub fn is_disk_full(&self) -> bool {
         match self {
@@ -122,8 +135,9 @@ fn key_hash(key: &str) -> String {
     sha2::Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Compares two secrets' hashes in time that does not depend on where they differ.
-fn same_secret(a: &str, b: &str) -> bool {
+/// Compares two secrets in time that does not depend on where they differ (the server's
+/// token, a delete key's hash).
+pub(crate) fn same_secret(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -185,7 +199,6 @@ impl Store {
         Ok(store)
     }
 
-    /// A new file for an upload in progress, and its path.
     /// With an object store, removes this replica's cached copies of content no upload refers
     /// to any more: another replica deleted it (the bucket is emptied there, but each replica's
     /// cache is its own, and a delete must remove every copy). The content removed.
@@ -221,6 +234,7 @@ impl Store {
         written
     }
 
+    /// A new file for an upload in progress, and its path.
     pub fn create_temp(&self) -> std::io::Result<(PathBuf, std::fs::File)> {
         let path = self.tmp.join(format!("{}.part", random_id()));
         let file = std::fs::File::create_new(&path)?;

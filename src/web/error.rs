@@ -111,14 +111,7 @@ impl From<crate::store::StoreError> for ApiError {
             tracing::error!(error = %e, "the disk is full");
             return ApiError::DiskFull;
         }
-        let mut msg = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            msg.push_str(": ");
-            msg.push_str(&s.to_string());
-            source = s.source();
-        }
-        ApiError::Internal(msg)
+        ApiError::Internal(e.with_sources())
     }
 }
 

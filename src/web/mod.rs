@@ -54,9 +54,7 @@ impl AppState {
         let given =
             headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
         let Some(given) = given else { return Err(ApiError::Unauthorized) };
-        let same =
-            given.len() == token.len() && given.bytes().zip(token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
-        if same { Ok(()) } else { Err(ApiError::WrongToken) }
+        if crate::store::same_secret(given, token) { Ok(()) } else { Err(ApiError::WrongToken) }
     }
 
     /// Whether the request may delete what `owns` checks a delete key against: with `--token`,
