@@ -200,15 +200,22 @@ impl Meta {
 /// again, that connection held the write lock for good: every later write waited out the
 /// busy timeout ("database is locked"), and an upload "committed" inside the stale
 /// transaction was lost at the restart. A `ROLLBACK` that succeeds proves the connection was
-/// inside one.
+/// inside one. The reverse case: SQLite rolled back by itself when the disk filled, so sqlx's
+/// own rollback failed and left its count of open transactions above zero; every later
+/// `BEGIN IMMEDIATE` on that connection is then refused ("non-zero transaction depth"). The
+/// `ROLLBACK` below runs after any rollback the dropped transaction queued, so the count read
+/// after it is settled.
 async fn ends_outside_transaction(conn: &mut sqlx::AnyConnection) -> bool {
-    match conn.execute("ROLLBACK").await {
-        Ok(_) => {
-            tracing::warn!("a database connection was given back inside a transaction: rolled back and closed");
-            false
-        }
-        Err(_) => true,
+    let sqlite_was_inside = conn.execute("ROLLBACK").await.is_ok();
+    let sqlx_thinks_inside = sqlx::Connection::is_in_transaction(conn);
+    if sqlite_was_inside || sqlx_thinks_inside {
+        tracing::warn!(
+            sqlite_was_inside,
+            sqlx_thinks_inside,
+            "a database connection was given back inside a transaction: rolled back and closed"
+        );
     }
+    !(sqlite_was_inside || sqlx_thinks_inside)
 }
 
 /// The columns every query reads, as a literal (sqlx takes only literal SQL).
@@ -652,5 +659,23 @@ mod tests {
         let write = tokio::time::timeout(std::time::Duration::from_secs(5), meta.ping_write()).await;
         assert!(matches!(write, Ok(Ok(()))), "the write lock is still held: {write:?}");
         assert!(meta.run("r").await.unwrap().is_none(), "the stale transaction was rolled back");
+    }
+
+    /// The reverse: SQLite ended the transaction by itself (it rolls back when the disk fills)
+    /// while sqlx still counts it open. Pooled, that connection refused every `BEGIN IMMEDIATE`
+    /// ("non-zero transaction depth"), as CI saw after a full disk.
+    #[tokio::test]
+    async fn a_connection_sqlx_counts_inside_a_transaction_is_not_pooled() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = Meta::open(&dir.path().join("db")).await.unwrap();
+        for _ in 0..8 {
+            let mut tx = meta.pool.begin().await.unwrap();
+            // Ended behind sqlx's back; its own rollback at the drop then fails.
+            tx.execute("COMMIT").await.unwrap();
+        }
+        for _ in 0..8 {
+            let write = tokio::time::timeout(std::time::Duration::from_secs(5), meta.ping_write()).await;
+            assert!(matches!(write, Ok(Ok(()))), "a pooled connection refuses to begin: {write:?}");
+        }
     }
 }
