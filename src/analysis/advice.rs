@@ -31,6 +31,10 @@ pub struct Diagnosis {
     /// Memory on the device outside PyTorch's allocator at the OOM.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub outside: Option<super::need::Outside>,
+    /// An inference KV cache at the OOM (or the end): its size per token, tokens, layers and
+    /// sequences as far as the trace tells.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub kv_cache: Option<super::kv::KvCache>,
 }
 
 /// What the diagnosis found, in one word.
@@ -68,6 +72,11 @@ pub enum RemedyKind {
     LighterOptimizer,
     GradsSetToNone,
     ChunkedLoss,
+    FewerSequences,
+    ShorterGeneration,
+    QuantizedCache,
+    OffloadedCache,
+    PagedServing,
 }
 
 impl RemedyKind {
@@ -85,6 +94,11 @@ impl RemedyKind {
             RemedyKind::LighterOptimizer => "A lighter optimizer",
             RemedyKind::GradsSetToNone => "Free gradients before the forward",
             RemedyKind::ChunkedLoss => "A chunked loss",
+            RemedyKind::FewerSequences => "Fewer sequences at once",
+            RemedyKind::ShorterGeneration => "Fewer new tokens",
+            RemedyKind::QuantizedCache => "A quantized KV cache",
+            RemedyKind::OffloadedCache => "An offloaded KV cache",
+            RemedyKind::PagedServing => "A paged serving engine",
         }
     }
 }
@@ -201,7 +215,7 @@ pub fn diagnose(f: &Facts) -> Diagnosis {
         Some(Verdict::Capacity) => DiagnosisVerdict::Capacity,
         None => DiagnosisVerdict::NoOom,
     };
-    Diagnosis { verdict, summary, remedies, need: Default::default(), outside: None }
+    Diagnosis { verdict, summary, remedies, need: Default::default(), outside: None, kv_cache: None }
 }
 
 fn summary(f: &Facts, oom: Option<&Oom>) -> String {

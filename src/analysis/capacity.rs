@@ -40,6 +40,10 @@ pub struct Facts<'a> {
     pub budget: u64,
     /// The failing request, at an OOM.
     pub request: Option<Request>,
+    /// No backward and nothing saved for one (inference): no training remedy applies.
+    pub inference: bool,
+    /// The KV cache at the OOM or the end.
+    pub kv: Option<&'a super::kv::KvCache>,
 }
 
 /// The request an OOM failed on.
@@ -74,7 +78,7 @@ pub fn loss_sized(
 
 impl Facts<'_> {
     /// A remedy with the numbers of `change`; None when it saves nothing.
-    fn weigh(&self, kind: RemedyKind, change: Change, code: String, why: String) -> Option<Remedy> {
+    pub(super) fn weigh(&self, kind: RemedyKind, change: Change, code: String, why: String) -> Option<Remedy> {
         let (base, _) = self.need.peak_with(&Change::NONE)?;
         let (alloc, reserved) = self.need.peak_with(&change)?;
         let saves = base.saturating_sub(alloc);
@@ -102,7 +106,7 @@ impl Facts<'_> {
         })
     }
 
-    fn fits(&self, change: &Change) -> bool {
+    pub(super) fn fits(&self, change: &Change) -> bool {
         self.need.peak_with(change).is_some_and(|(_, reserved)| reserved <= self.limit)
     }
 }
@@ -114,19 +118,67 @@ pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
     let moment = if f.request.is_some() { "at the step's projected peak" } else { "at the peak" };
     let mut out = Vec::new();
     for g in f.growth {
-        let site = g.call_site.as_ref().map(|s| s.to_string()).unwrap_or_else(|| "an unknown call site".into());
-        out.extend(f.weigh(
-            RemedyKind::FixLeak,
-            Change { less: g.live_bytes, ..Change::NONE },
-            format!("# at {site}: keep what you need as a Python number or on the CPU (.item(), .cpu()), or drop it"),
-            format!(
-                "{site} keeps {} more every step ({} steps so far, {} blocks never freed): memory grows until it runs out.",
-                bytes(g.bytes_per_step),
-                g.steps,
-                g.blocks
-            ),
-        ));
+        let (code, why) = leak_words(g);
+        out.extend(f.weigh(RemedyKind::FixLeak, Change { less: g.live_bytes, ..Change::NONE }, code, why));
     }
+    if f.inference {
+        out.extend(super::inference::remedies(f, &at, moment));
+    } else {
+        out.extend(training(f, &at, moment));
+    }
+    out.sort_by_key(|r| std::cmp::Reverse(r.fit.saves_bytes));
+    let none = !out.iter().any(|r| r.fit.effect == Some(Effect::Fixes));
+    let note = none.then(|| {
+        format!(
+            "No single change here is enough: the step needs {} reserved and {} {}; combine the largest savings.",
+            bytes(f.need.peak_reserved_bytes.unwrap_or(0)),
+            if f.request.is_some() { "had" } else { "should stay under" },
+            bytes(f.limit)
+        )
+    });
+    (out, note)
+}
+
+/// A leak's remedy in words: the code that stops it and why, with its cause where known.
+fn leak_words(g: &Growth) -> (String, String) {
+    let site = g.call_site.as_ref().map(|s| s.to_string()).unwrap_or_else(|| "an unknown call site".into());
+    let code = match g.cause {
+        Some(c) => format!("# at {site}:\n{}", c.code()),
+        None => {
+            format!("# at {site}: keep what you need as a Python number or on the CPU (.item(), .cpu()), or drop it")
+        }
+    };
+    let cause = g.cause.map(|c| format!(" Why: {}.", c.says())).unwrap_or_default();
+    let why = format!(
+        "{site} keeps {} more every step ({} steps so far, {} blocks never freed): memory grows until it runs out.{cause}",
+        bytes(g.bytes_per_step),
+        g.steps,
+        g.blocks
+    );
+    (code, why)
+}
+
+/// The leaks' remedies where no budget weighed them (no OOM yet, no `--capacity`): each still
+/// says what keeps the memory and how to stop it.
+pub fn unweighed_leaks(growth: &[Growth], diagnosis: &mut super::advice::Diagnosis) {
+    if diagnosis.remedies.iter().any(|r| r.kind == RemedyKind::FixLeak) {
+        return;
+    }
+    let leaks = growth
+        .iter()
+        .map(|g| {
+            let (code, why) = leak_words(g);
+            let mut r = Remedy::new(RemedyKind::FixLeak, true, code, why);
+            r.fit.saves_bytes = Some(g.live_bytes);
+            r
+        });
+    diagnosis.remedies.extend(leaks);
+}
+
+/// Remedies for a training step: fewer activations, optimizer state or kept gradients, or a
+/// smaller failing loss.
+fn training(f: &Facts, at: &super::need::Mix, moment: &str) -> Vec<Remedy> {
+    let mut out = Vec::new();
     out.extend(checkpointing(f, at.activation, moment));
     out.extend(smaller_batch(f, at.activation + at.batch, moment));
     let state = at.optimizer_state;
@@ -165,17 +217,7 @@ pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
             format!("The failing request ({}) is the loss's: the logits upcast whole. In 8 chunks only an eighth is alive at once.", bytes(r.bytes)),
         ));
     }
-    out.sort_by_key(|r| std::cmp::Reverse(r.fit.saves_bytes));
-    let none = !out.iter().any(|r| r.fit.effect == Some(Effect::Fixes));
-    let note = none.then(|| {
-        format!(
-            "No single change here is enough: the step needs {} reserved and {} {}; combine the largest savings.",
-            bytes(f.need.peak_reserved_bytes.unwrap_or(0)),
-            if f.request.is_some() { "had" } else { "should stay under" },
-            bytes(f.limit)
-        )
-    });
-    (out, note)
+    out
 }
 
 fn checkpointing(f: &Facts, act: u64, moment: &str) -> Option<Remedy> {
@@ -288,7 +330,10 @@ pub fn explain(
     let Some(budget) = need.budget_bytes.or(capacity) else { return };
     let limit = if request.is_some() { budget } else { (budget as f64 * HEADROOM) as u64 };
     describe(&need, request.is_some(), diagnosis);
-    let facts = Facts { need: &need, growth: &memory.growth, limit, budget, request };
+    let at = need.model.at_peak();
+    let inference = !index.phases.training && (diagnosis.kv_cache.is_some() || at.activation == 0);
+    let kv = diagnosis.kv_cache.clone();
+    let facts = Facts { need: &need, growth: &memory.growth, limit, budget, request, inference, kv: kv.as_ref() };
     let (mut remedies, note) = remedies(&facts);
     super::shrink::refine(replaying, &facts, &mut remedies);
     diagnosis.remedies.extend(remedies);
@@ -304,6 +349,7 @@ fn describe(need: &Need, oom: bool, diagnosis: &mut super::advice::Diagnosis) {
     let mut parts = [
         (m.activation, "activation"),
         (m.batch, "other batch-sized memory"),
+        (m.kv_cache, "KV cache"),
         (m.optimizer_state, "optimizer state"),
         (m.gradient + m.kept_gradient, "gradients"),
         (m.parameter, "parameters"),

@@ -1,40 +1,54 @@
-//! What each allocation holds: parameters, gradients, optimizer state, activations,
-//! temporaries, inputs, other, or unknown. Each allocation of the trace gets one category
-//! from its stack, its phase (`phases`) and its lifetime (the whole trace is known,
-//! so "alive into the backward" is a fact, not a guess). The rules, first match wins:
+//! What each allocation holds: parameters, gradients, optimizer state, activations, temporaries,
+//! inputs, KV cache, other, or unknown. Each allocation of the trace gets one category from its stack, its
+//! phase (`phases`) and its lifetime (the whole trace is known, so "alive into the backward" is a
+//! fact, not a guess). The rules, first match wins:
 //!
 //! 1. No frames anywhere in the recording: `unknown` (nothing to tell phases apart).
+//!    Rules 2 to 6 do not depend on one framework's frames: a parameter is what the optimizer
+//!    trains or a module holds, a gradient is made in a backward and lives to the optimizer,
+//!    optimizer state outlives the step that made it.
 //! 2. Parameter: made by `nn.Module`'s `_apply` (`.cuda()`, `.to()`, `.half()`), a module's
-//!    `__init__` / `reset_parameters`, `torch/nn/parameter.py` or `torch/nn/init.py`; or made
-//!    before the first forward by library code alone and never freed (a checkpoint loaded
-//!    straight to the GPU: transformers' `from_pretrained(device_map=...)` copies each weight
-//!    on a thread pool whose frames name no user code).
+//!    `__init__` / `reset_parameters`, `torch/nn/parameter.py` or `torch/nn/init.py`, FSDP's
+//!    sharding (`fully_shard`) or its all-gather of a layer's full parameters for compute (the
+//!    breakdown counts those copies apart); or made before the first forward and never freed by
+//!    library code alone (a checkpoint loaded straight to the GPU: transformers'
+//!    `from_pretrained(device_map=...)` copies each weight on a thread pool whose frames name no
+//!    user code), or by a library line (innermost frame) in the size of a trainable parameter (PEFT
+//!    casting its adapters).
+//!
+//!    Trainable sizes: the sizes of the optimizer state made in `_init_group` (Adam keeps two
+//!    moments the size of each parameter it trains, and nothing for a frozen one); without any
+//!    state in the trace, every parameter's size.
+//!
+//!    KV cache: a stack [`super::kv`] finds growing as a decode loop's cache (after rule 2).
 //! 3. Made in an optimizer phase: `temporary` if freed before that phase ends; else
-//!    `optimizer_state` if the phase ended within the trace (it outlived the step), or if the
-//!    trace ends inside it and the stack is the optimizer's `_init_group`; else `unknown`.
-//! 4. Made in a backward: `temporary` if freed before the backward ends; else `gradient` if its
-//!    size is a parameter's or it is freed in an optimizer phase (zero_grad); else, alive where
-//!    the trace stops inside that backward (an OOM in the backward), `activation`: the gradient
-//!    of an activation, batch-sized like the activation it mirrors and shrunk by the same
-//!    remedies; else `unknown`.
+//!    `optimizer_state` if the phase ended within the trace (it outlived the step), or if the trace
+//!    ends inside it and the stack is the optimizer's `_init_group`; else `unknown`.
+//! 4. Made in a backward (wherever it runs: inside the optimizer's closure under Lightning):
+//!    `temporary` if freed before the backward ends; else `gradient` if its size is a trainable
+//!    parameter's, it is freed in an optimizer phase (zero_grad), or its stack made gradients in
+//!    the earlier steps (a block freed by the optimizer phase: FSDP reduce-scatters a layer's
+//!    gradients into one flat buffer, not a parameter's size); else, alive where the trace stops
+//!    inside that backward (an OOM in the backward), `activation`: the gradient of an activation,
+//!    batch-sized like the activation it mirrors and shrunk by the same remedies; else `unknown`.
 //! 5. Made in a forward: `temporary` if freed before the next backward starts; `activation` if
-//!    alive into that backward and freed before the next forward (or alive at the end of a
-//!    trace that stops before the step's optimizer phase); `other` if it outlives the step (kept across
-//!    steps: a cached tensor, the loss, a leak). Alive at the end of a trace that stops inside
-//!    the forward (an OOM in the first forward, the usual first try of a new batch size):
-//!    `activation` when the trace shows training (it has a backward phase), or when what the
-//!    forward keeps has the pattern of tensors saved for a backward: blocks of at least
-//!    [`SAVED_SITES`] call sites, each alive several times over (once per layer), accumulating
-//!    module after module, most of what the forward keeps. A forward under `torch.no_grad()`
-//!    keeps only each layer's output and its cache. Else `unknown`; on a trace with no backward
-//!    at all (inference), `other`.
-//! 6. Made outside those phases by user code: `input` if alive into the next forward (a batch
-//!    made or moved to the GPU before the model runs); `temporary` if freed before it; else
-//!    `other`.
+//!    alive into that backward and freed before the next forward (or alive at the end of a trace
+//!    that stops before the step's optimizer phase); `other` if it outlives the step (kept across
+//!    steps: a cached tensor, the loss, a leak). Alive at the end of a trace that stops inside the
+//!    forward (an OOM in the first forward, the usual first try of a new batch size): `activation`
+//!    when the trace shows training (it has a backward phase), or when what the forward keeps has
+//!    the pattern of tensors saved for a backward: blocks of at least [`SAVED_SITES`] call sites,
+//!    each alive several times over (once per layer), accumulating module after module, most of
+//!    what the forward keeps. A forward under `torch.no_grad()` keeps only each layer's output and
+//!    its cache. Else `unknown`; on a trace with no backward at all (inference), `other`.
+//! 6. Made outside those phases: `gradient` from a stack that made gradients in earlier steps
+//!    (FSDP's last reduce-scatter runs in a callback after the backward); by user code: `input` if
+//!    alive into the next forward (a batch made or moved to the GPU before the model runs);
+//!    `temporary` if freed before it; else `other`.
 //! 7. Blocks alive before the trace began: rule 2 or the optimizer's frames (state that outlived
-//!    the trace's start), else `unknown`.
+//!    the trace's start), a KV cache's stack, else `unknown`.
 
-use foldhash::{HashMap, HashMapExt, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use serde::{Deserialize, Serialize};
 
@@ -58,6 +72,9 @@ pub enum Category {
     Temporary,
     /// The batch: made by user code before the model runs, alive into the forward.
     Input,
+    /// An inference KV cache: the keys and values a decode loop keeps per layer per token
+    /// (see [`super::kv`]).
+    KvCache,
     /// Kept across steps: a cache, the loss, a leak.
     Other,
     /// No frame or phase to tell (a trace recorded without stacks, or before the trace).
@@ -66,13 +83,14 @@ pub enum Category {
 
 impl Category {
     /// Every category, in the order reports list them.
-    pub const ALL: [Category; 8] = [
+    pub const ALL: [Category; 9] = [
         Category::Parameter,
         Category::Gradient,
         Category::OptimizerState,
         Category::Activation,
         Category::Temporary,
         Category::Input,
+        Category::KvCache,
         Category::Other,
         Category::Unknown,
     ];
@@ -86,6 +104,7 @@ impl Category {
             Category::Activation => "activation",
             Category::Temporary => "temporary",
             Category::Input => "input",
+            Category::KvCache => "kv_cache",
             Category::Other => "other",
             Category::Unknown => "unknown",
         }
@@ -99,6 +118,10 @@ pub struct Labels {
     by_event: Vec<Category>,
     /// Blocks alive before the trace began, by stack.
     before: HashMap<StackId, Category>,
+    /// Stacks of FSDP's unsharded parameter copies (labelled parameter).
+    unsharded: HashSet<StackId>,
+    /// The stacks of an inference KV cache, with how it grows.
+    pub kv: super::kv::Stacks,
 }
 
 impl Labels {
@@ -110,13 +133,19 @@ impl Labels {
         self.before.get(&block.stack).copied().unwrap_or(Category::Unknown)
     }
 
+    /// Whether a parameter block is a full copy FSDP gathered for a layer's compute.
+    pub fn is_unsharded_copy(&self, block: &BlockRec) -> bool {
+        self.unsharded.contains(&block.stack)
+    }
+
     /// The category of the allocation made at device event `i`.
     pub fn at(&self, i: usize) -> Category {
         self.by_event.get(i).copied().unwrap_or(Category::Unknown)
     }
 }
 
-/// True for stacks that make parameters (moving or creating a module's tensors).
+/// True for stacks that make parameters (moving or creating a module's tensors, or FSDP
+/// sharding them or gathering a full copy of them for a layer's compute).
 pub fn makes_parameters(snapshot: &Snapshot, stack: StackId) -> bool {
     snapshot.stacks.frames(stack).any(|f| {
         let file = snapshot.stacks.str(f.filename).replace('\\', "/");
@@ -126,7 +155,32 @@ pub fn makes_parameters(snapshot: &Snapshot, stack: StackId) -> bool {
             || (file.contains("torch/nn/") && matches!(name, "__init__" | "reset_parameters"))
             || file.ends_with("nn/parameter.py")
             || file.ends_with("nn/init.py")
+            || (file.contains("torch/distributed/fsdp/") && matches!(name, "_init_sharded_param" | "fully_shard"))
+            || (file.contains("torch/distributed/tensor/") && name == "distribute_tensor")
+    }) || unsharded_copy(snapshot, stack)
+}
+
+/// True for stacks where FSDP gathers a layer's full (unsharded) parameters for its forward
+/// or backward: parameter memory, held while that layer computes.
+pub fn unsharded_copy(snapshot: &Snapshot, stack: StackId) -> bool {
+    snapshot.stacks.frames(stack).any(|f| {
+        let file = snapshot.stacks.str(f.filename).replace('\\', "/");
+        file.contains("torch/distributed/fsdp/")
+            && matches!(
+                snapshot.stacks.str(f.name),
+                "alloc_storage" | "init_all_gather_outputs" | "foreach_all_gather" | "wait_for_unshard" | "unshard"
+            )
     })
+}
+
+/// Whether the innermost frame is library code: the tensor was made by a library (PEFT casting
+/// its adapters, FSDP sharding), not by the user's own line (a batch).
+fn made_by_library(snapshot: &Snapshot, stack: StackId) -> bool {
+    snapshot
+        .stacks
+        .frames(stack)
+        .next()
+        .is_some_and(|f| crate::snapshot::sites::is_library_frame(snapshot.stacks.str(f.filename)))
 }
 
 /// A library loading a model (`from_pretrained` with a `device_map`, which copies each weight
@@ -176,7 +230,12 @@ pub fn frees(events: &[Event]) -> Vec<u32> {
 
 /// Labels every allocation of a device. `before` are the blocks alive when the trace began.
 pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[BlockRec], freed: &[u32]) -> Labels {
-    let mut labels = Labels { by_event: vec![Category::Unknown; events.len()], before: HashMap::new() };
+    let mut labels = Labels {
+        by_event: vec![Category::Unknown; events.len()],
+        before: HashMap::new(),
+        unsharded: HashSet::new(),
+        kv: super::kv::stacks(snapshot, events, phases),
+    };
     // By stack id (ids are dense): looked up once per allocation.
     let mut params: Vec<Option<bool>> = vec![None; snapshot.stacks.stack_count()];
     let mut is_param = |stack: StackId| match params.get_mut(stack as usize) {
@@ -187,6 +246,8 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
     for b in before {
         let c = if is_param(b.stack) {
             Category::Parameter
+        } else if labels.kv.contains(b.stack) {
+            Category::KvCache
         } else if in_optimizer(snapshot, b.stack) {
             Category::OptimizerState
         } else {
@@ -202,14 +263,24 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
         if e.action == Action::ALLOC && is_param(e.stack) {
             labels.by_event[i] = Category::Parameter;
             param_sizes.insert(e.size);
+            if unsharded_copy(snapshot, e.stack) {
+                labels.unsharded.insert(e.stack);
+            }
         }
     }
+    for (i, e) in events.iter().enumerate() {
+        if e.action == Action::ALLOC && labels.by_event[i] == Category::Unknown && labels.kv.contains(e.stack) {
+            labels.by_event[i] = Category::KvCache;
+        }
+    }
+    let trainable = trainable_sizes(snapshot, events, phases, before, freed).unwrap_or(param_sizes);
+    let grad_stacks = gradient_stacks(events, phases, freed);
     let last = events.len().saturating_sub(1);
     let saved = saved_for_backward(events, phases, freed);
     let first_forward = phases.runs.iter().find(|r| r.0 == Phase::Forward).map_or(usize::MAX, |r| r.1);
     let mut run = 0;
     for (i, e) in events.iter().enumerate() {
-        if e.action != Action::ALLOC || labels.by_event[i] == Category::Parameter {
+        if e.action != Action::ALLOC || matches!(labels.by_event[i], Category::Parameter | Category::KvCache) {
             continue;
         }
         let free = (freed[i] != NEVER).then_some(freed[i] as usize);
@@ -226,7 +297,8 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
             Phase::Backward if freed_by(run_end) => Category::Temporary,
             Phase::Backward => {
                 let freed_in_optimizer = free.is_some_and(|f| phases.phase[f] == Phase::Optimizer);
-                if param_sizes.contains(&e.size) || freed_in_optimizer {
+                let kept_as_before = free.is_none() && grad_stacks.contains(&e.stack);
+                if trainable.contains(&e.size) || freed_in_optimizer || kept_as_before {
                     Category::Gradient
                 } else if free.is_none() && run + 1 == phases.runs.len() {
                     Category::Activation
@@ -237,9 +309,13 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
             Phase::Forward => forward(phases, run, free, saved),
             Phase::Other => {
                 let user = phases.tag_of(e.stack) == super::phases::Tag::User;
+                let freed_in_optimizer = free.is_some_and(|f| phases.phase[f] == Phase::Optimizer);
+                let library_param =
+                    || loads(snapshot, e.stack) || (made_by_library(snapshot, e.stack) && trainable.contains(&e.size));
                 match phases.next_run(run, Phase::Forward).map(|r| phases.runs[r].1) {
+                    _ if grad_stacks.contains(&e.stack) && (free.is_none() || freed_in_optimizer) => Category::Gradient,
                     _ if freed_by(run_end) => Category::Temporary,
-                    Some(_) if i < first_forward && free.is_none() && loads(snapshot, e.stack) => Category::Parameter,
+                    Some(_) if i < first_forward && free.is_none() && library_param() => Category::Parameter,
                     Some(fwd) if user && free.is_none_or(|f| f >= fwd) => Category::Input,
                     Some(fwd) if free.is_some_and(|f| f < fwd) => Category::Temporary,
                     _ => Category::Other,
@@ -248,6 +324,53 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
         };
     }
     labels
+}
+
+/// The sizes of the parameters the optimizer trains: those it keeps state for (Adam's moments
+/// are each the size of their parameter), made at the first step in `_init_group`. None when
+/// the trace shows no optimizer state (SGD without momentum, a trace without a step): then
+/// every parameter counts. Frozen weights (PEFT LoRA's base model) get no state, so a tensor of
+/// a frozen weight's size made in a backward is not taken for its gradient.
+fn trainable_sizes(
+    snapshot: &Snapshot,
+    events: &[Event],
+    phases: &Phases,
+    before: &[BlockRec],
+    freed: &[u32],
+) -> Option<HashSet<u64>> {
+    let mut sizes: HashSet<u64> =
+        before.iter().filter(|b| inits_optimizer_state(snapshot, b.stack)).map(|b| b.requested).collect();
+    for (i, e) in events.iter().enumerate() {
+        if e.action == Action::ALLOC
+            && phases.phase[i] == Phase::Optimizer
+            && freed[i] == NEVER
+            && inits_optimizer_state(snapshot, e.stack)
+        {
+            sizes.insert(e.size);
+        }
+    }
+    // Scalars (Adam's `step` when it lives on the GPU) are not a parameter's size.
+    sizes.retain(|s| *s > 512);
+    (!sizes.is_empty()).then_some(sizes)
+}
+
+/// Stacks that made gradients in earlier steps: blocks made after a forward, outside the
+/// optimizer, and freed by the optimizer phase (`zero_grad`). A framework whose gradients are
+/// not a parameter's size (FSDP reduce-scatters each layer's gradients into one flat buffer)
+/// makes them from the same stack every step, so the last step's, alive where the trace
+/// stops, are gradients too. Blocks without frames (the autograd engine's) say nothing.
+fn gradient_stacks(events: &[Event], phases: &Phases, freed: &[u32]) -> HashSet<StackId> {
+    let mut out = HashSet::new();
+    for (i, e) in events.iter().enumerate() {
+        if e.action != Action::ALLOC || e.stack == crate::snapshot::EMPTY_STACK || freed[i] == NEVER {
+            continue;
+        }
+        let made = phases.phase[i];
+        if matches!(made, Phase::Backward | Phase::Other) && phases.phase[freed[i] as usize] == Phase::Optimizer {
+            out.insert(e.stack);
+        }
+    }
+    out
 }
 
 /// Call sites whose blocks a forward keeps several times over, at least, for what it keeps to

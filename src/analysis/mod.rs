@@ -26,7 +26,9 @@ pub mod compare;
 pub mod cost;
 mod counters;
 pub(crate) mod gaps;
+pub mod inference;
 mod judge;
+pub mod kv;
 pub(crate) mod map;
 pub(crate) mod memory;
 pub(crate) mod need;
@@ -318,11 +320,17 @@ fn analyze_device(
         big: big.clone(),
         big_repeats,
     });
-    let steps = std::mem::take(&mut steps.steps);
+    let steps = std::mem::take(&mut steps).finish(&phases);
     let index = memory::Index { phases, labels, freed };
     let capture = capture.take().unwrap_or_else(|| memory::Capture::new(&initial, false));
     let memory = memory::memory(snapshot, d, &replay, &index, &capture, &peak, steps);
     drop(capture);
+    diagnosis.kv_cache = memory
+        .breakdown
+        .iter()
+        .find(|b| b.moment == Moment::Oom)
+        .or_else(|| memory.breakdown.iter().find(|b| b.moment == Moment::Final))
+        .and_then(|b| b.kv_cache.clone());
     let recorded = snapshot.recorded.iter().find(|r| r.device == d.device);
     let known = need::Known {
         capacity: options.capacity,
@@ -353,6 +361,21 @@ fn analyze_device(
     let replaying = capacity::Replaying { snapshot, device: d, index: &index, before };
     let reserved = peak.reserved_bytes;
     capacity::explain(&replaying, &ooms.ooms, &memory, options.capacity, reserved, &mut diagnosis);
+    capacity::unweighed_leaks(&memory.growth, &mut diagnosis);
+    if ooms.ooms.is_empty() {
+        let budget = options.capacity.or(recorded.and_then(|r| r.budget_bytes)).or(options.device_total);
+        let steps = memory.steps.len() as u32;
+        if let Some(h) = breakdown::growth_headline(&memory.growth, steps, final_state.reserved_bytes, budget) {
+            let rest = diagnosis.summary.trim_start_matches("No OOM in this trace.").trim_start();
+            diagnosis.summary = format!("{h} {rest}");
+        }
+    }
+    if !replay.complete {
+        diagnosis.summary.push_str(&format!(
+            " The trace lost its start: it holds the last {} events (the ring buffer of `max_entries` filled, or recording began late), so what was allocated before them is counted by its blocks, with no history, and the steps before them are not seen.",
+            events.len()
+        ));
+    }
     let analysis = DeviceAnalysis {
         device: d.device,
         final_state,

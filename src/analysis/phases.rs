@@ -1,8 +1,12 @@
 //! Phases and steps: where in a training step each event of a trace happened.
 //!
 //! Each event's stack is tagged by its frames (innermost first, as torch records them):
-//! - optimizer: a frame under `torch/optim/`, or an event inside an `Optimizer.step#` or
-//!   `Optimizer.zero_grad#` annotation (torch >= 2.5 records those while history is on);
+//! - optimizer: a frame under `torch/optim/` with only torch's own code inside it (a closure
+//!   the optimizer calls back, as Lightning's `optimizer.step(closure)` runs the forward, the
+//!   loss and the backward, is not the optimizer), or an event inside an `Optimizer.step#` or
+//!   `Optimizer.zero_grad#` annotation (torch >= 2.5 records those while history is on) after
+//!   the last forward or backward event inside it; `zero_grad` is an optimizer phase but not
+//!   a step;
 //! - backward: a frame named `backward`, `_backward_impl` or `_engine_run_backward` (the
 //!   autograd entry points, compiled backward included), a frame under `torch/autograd/` other
 //!   than `function.py` (which also runs compiled forwards), a C++ frame of the autograd
@@ -15,8 +19,9 @@
 //! The phase follows the tags: an optimizer tag starts (or continues) the optimizer phase, a
 //! backward tag the backward, a forward tag the forward; a user tag after the optimizer or the
 //! backward starts an `other` phase, and inside a forward stays in it (the loss is computed in
-//! user code between the model's call and `backward()`). A step ends where its optimizer phase
-//! ends; without any optimizer phase, `user_metadata` tags that change (`step=3`) mark steps.
+//! user code between the model's call and `backward()`). A step ends where an optimizer phase
+//! that stepped ends; without any optimizer phase, `user_metadata` tags that change (`step=3`)
+//! mark steps.
 //! Events without a stack (frees, mostly) keep the phase they fall in.
 
 use std::collections::HashMap;
@@ -39,6 +44,9 @@ pub enum Phase {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tag {
     Optimizer,
+    /// The optimizer's `zero_grad`: an optimizer phase, but not a step (Lightning calls it
+    /// inside the step's closure, before the backward).
+    ZeroGrad,
     Backward,
     Forward,
     User,
@@ -62,6 +70,8 @@ pub struct Phases {
     tags: Vec<Option<Tag>>,
     /// Steps found (from optimizer phases or `user_metadata`); 0 when none.
     pub steps: u32,
+    /// The steps are forward passes (no optimizer step or step tag in the trace).
+    pub forward_steps: bool,
     /// Some stack in the trace has frames: without any, phases cannot be told.
     pub has_frames: bool,
     /// The trace has a backward phase: it records training.
@@ -89,15 +99,19 @@ pub fn tag(snapshot: &Snapshot, stack: StackId) -> Tag {
     if stack == EMPTY_STACK {
         return Tag::None;
     }
-    let (mut forward, mut backward, mut any) = (false, false, false);
+    let (mut forward, mut backward, mut any, mut called_back) = (false, false, false, false);
     for f in snapshot.stacks.frames(stack) {
         any = true;
         let file = snapshot.stacks.str(f.filename);
         let name = snapshot.stacks.str(f.name);
         let file = file.replace('\\', "/");
-        if file.contains("torch/optim/") {
-            return Tag::Optimizer;
+        // The optimizer's own code, unless it is only the caller: Lightning runs the forward,
+        // the loss and the backward inside `optimizer.step(closure)`, so their frames (Python
+        // outside torch) sit inside the optimizer's.
+        if file.contains("torch/optim/") && !forward && !backward && !called_back {
+            return if name == "zero_grad" { Tag::ZeroGrad } else { Tag::Optimizer };
         }
+        called_back |= file.ends_with(".py") && !is_torch_file(&file);
         backward |= matches!(name, "backward" | "_backward_impl" | "_engine_run_backward")
             || (file.contains("torch/autograd/") && !file.ends_with("function.py"))
             || name.contains("autograd::Engine")
@@ -115,12 +129,35 @@ pub fn tag(snapshot: &Snapshot, stack: StackId) -> Tag {
     }
 }
 
+/// Whether a Python file is torch's own: its path inside the packages folder starts with
+/// `torch/` (a virtualenv at `/opt/torch/.venv` holds every library under a `/torch/`), or,
+/// for a source checkout, it sits under a `torch/` folder.
+fn is_torch_file(file: &str) -> bool {
+    let packages = ["site-packages/", "dist-packages/"].iter().filter_map(|p| file.rfind(p).map(|i| i + p.len())).max();
+    match packages {
+        Some(i) => file[i..].starts_with("torch/"),
+        None => file.starts_with("torch/") || file.contains("/torch/"),
+    }
+}
+
+/// An optimizer annotation's time range; `closure_until`: the time of the last event inside it
+/// whose frames say forward or backward (a step's closure, as Lightning runs it), before which
+/// the frames decide, not the annotation.
+#[derive(Debug, Clone, Copy)]
+struct Range {
+    start: i64,
+    end: i64,
+    zero_grad: bool,
+    closure_until: i64,
+}
+
 /// Time ranges of the optimizer's annotations on `device`, sorted.
-fn optimizer_ranges(snapshot: &Snapshot, device: i64) -> Vec<(i64, i64)> {
+fn optimizer_ranges(snapshot: &Snapshot, device: i64) -> Vec<Range> {
     let mut open: HashMap<&str, i64> = HashMap::new();
     let mut out = Vec::new();
     for a in snapshot.annotations.iter().filter(|a| a.device == device) {
-        if !(a.name.starts_with("Optimizer.step#") || a.name.starts_with("Optimizer.zero_grad#")) {
+        let zero_grad = a.name.starts_with("Optimizer.zero_grad#");
+        if !(a.name.starts_with("Optimizer.step#") || zero_grad) {
             continue;
         }
         match a.stage.as_str() {
@@ -129,68 +166,120 @@ fn optimizer_ranges(snapshot: &Snapshot, device: i64) -> Vec<(i64, i64)> {
             }
             "END" => {
                 if let Some(start) = open.remove(a.name.as_str()) {
-                    out.push((start, a.time_us));
+                    out.push(Range { start, end: a.time_us, zero_grad, closure_until: i64::MIN });
                 }
             }
             _ => {}
         }
     }
-    out.sort_unstable();
+    out.sort_unstable_by_key(|r| (r.start, r.end));
     out
+}
+
+/// Walks event times through sorted ranges (nested ones included: a `zero_grad` inside a
+/// step's closure) and says which range holds each time, the outermost first.
+struct RangeCursor {
+    next: usize,
+    open: Vec<usize>,
+}
+
+impl RangeCursor {
+    fn new() -> Self {
+        RangeCursor { next: 0, open: Vec::new() }
+    }
+
+    /// The outermost range holding `time`; times must not go back.
+    fn at(&mut self, ranges: &[Range], time: i64) -> Option<usize> {
+        while self.next < ranges.len() && ranges[self.next].start <= time {
+            self.open.push(self.next);
+            self.next += 1;
+        }
+        self.open.retain(|&r| ranges[r].end >= time);
+        self.open.first().copied()
+    }
+}
+
+/// The tag of every stack an event has, computed once per stack.
+fn tag_cached(snapshot: &Snapshot, tags: &mut [Option<Tag>], stack: StackId) -> Tag {
+    if stack == EMPTY_STACK {
+        return Tag::None;
+    }
+    match tags.get_mut(stack as usize) {
+        Some(Some(t)) => *t,
+        Some(slot) => *slot.insert(tag(snapshot, stack)),
+        None => tag(snapshot, stack),
+    }
 }
 
 /// The phases of a device's events (`first` is the index of `events[0]` in the snapshot).
 pub fn phases(snapshot: &Snapshot, device: i64, events: &[Event], first: usize) -> Phases {
     let mut tags: Vec<Option<Tag>> = vec![None; snapshot.stacks.stack_count()];
-    let ranges = optimizer_ranges(snapshot, device);
+    let mut ranges = optimizer_ranges(snapshot, device);
+    if !ranges.is_empty() {
+        let mut cursor = RangeCursor::new();
+        for (i, e) in events.iter().enumerate() {
+            let Some(time) = snapshot.time(first + i) else { continue };
+            if let Some(r) = cursor.at(&ranges, time)
+                && matches!(tag_cached(snapshot, &mut tags, e.stack), Tag::Forward | Tag::Backward)
+            {
+                ranges[r].closure_until = time;
+            }
+        }
+    }
     let has_frames = events.iter().any(|e| e.stack != EMPTY_STACK);
     let mut out = Phases { has_frames, ..Phases::default() };
     out.phase.reserve(events.len());
     out.step.reserve(events.len());
-    let (mut phase, mut step, mut range) = (Phase::Other, 0u32, 0usize);
-    let mut saw_optimizer = false;
+    let (mut phase, mut step, mut cursor) = (Phase::Other, 0u32, RangeCursor::new());
+    let (mut saw_optimizer, mut stepped) = (false, false);
+    let (mut passes, mut in_pass) = (Vec::new(), false);
     for (i, e) in events.iter().enumerate() {
-        let mut t = if e.stack == EMPTY_STACK {
-            Tag::None
-        } else {
-            match tags.get_mut(e.stack as usize) {
-                Some(Some(t)) => *t,
-                Some(slot) => *slot.insert(tag(snapshot, e.stack)),
-                None => tag(snapshot, e.stack),
-            }
-        };
-        if let Some(time) = snapshot.time(first + i) {
-            while range < ranges.len() && ranges[range].1 < time {
-                range += 1;
-            }
-            if ranges.get(range).is_some_and(|r| r.0 <= time) {
-                t = Tag::Optimizer;
+        let mut t = tag_cached(snapshot, &mut tags, e.stack);
+        let mut in_closure = false;
+        if let Some(time) = snapshot.time(first + i)
+            && let Some(r) = cursor.at(&ranges, time)
+        {
+            in_closure = time <= ranges[r].closure_until;
+            if !in_closure {
+                t = if ranges[r].zero_grad { Tag::ZeroGrad } else { Tag::Optimizer };
             }
         }
         let is_alloc = e.action == crate::snapshot::Action::ALLOC;
+        // A forward pass starts at a forward's event after code outside any module ran.
+        match t {
+            Tag::Forward if !in_pass => {
+                passes.push(i);
+                in_pass = true;
+            }
+            Tag::User | Tag::Optimizer | Tag::ZeroGrad | Tag::Backward => in_pass = false,
+            _ => {}
+        }
         let next = match t {
-            Tag::Optimizer => Phase::Optimizer,
+            Tag::Optimizer | Tag::ZeroGrad => Phase::Optimizer,
             Tag::Backward => Phase::Backward,
             Tag::Forward => Phase::Forward,
             Tag::User => match phase {
                 Phase::Forward => Phase::Forward,
                 _ => Phase::Other,
             },
-            // Only an allocation without frames says "autograd engine"; a free without frames
-            // says nothing.
-            Tag::None if has_frames && is_alloc && phase != Phase::Optimizer => Phase::Backward,
+            // Only an allocation without frames says "autograd engine" (also inside a step's
+            // closure); a free without frames says nothing.
+            Tag::None if has_frames && is_alloc && (phase != Phase::Optimizer || in_closure) => Phase::Backward,
             Tag::None => phase,
         };
+        // A step ends where an optimizer phase that stepped ends; a `zero_grad` alone is not one.
         if phase == Phase::Optimizer && next != Phase::Optimizer {
-            step += 1;
+            step += u32::from(stepped);
+            stepped = false;
         }
+        stepped |= next == Phase::Optimizer && t == Tag::Optimizer;
         saw_optimizer |= next == Phase::Optimizer;
         out.training |= next == Phase::Backward && has_frames;
         phase = next;
         out.phase.push(phase);
         out.step.push(step);
     }
-    out.steps = if saw_optimizer { step + u32::from(phase == Phase::Optimizer) } else { 0 };
+    out.steps = if saw_optimizer { step + u32::from(stepped) } else { 0 };
     if !saw_optimizer {
         metadata_steps(snapshot, events, first, &mut out);
     }
@@ -209,7 +298,32 @@ pub fn phases(snapshot: &Snapshot, device: i64, events: &[Event], first: usize) 
     out.runs = runs;
     out.next = next;
     out.tags = tags;
+    if out.steps == 0 && has_frames {
+        forward_steps(&mut out, &passes);
+    }
     out
+}
+
+/// Forward passes needed to count them as steps.
+const MIN_FORWARD_STEPS: usize = 3;
+
+/// Without an optimizer or step tags (an evaluation loop, inference): each forward pass (a
+/// module's forward entered after code outside any module ran: the loop's own lines), and
+/// what follows it up to the next one, is a step, so that what each pass leaves behind is
+/// seen growing.
+fn forward_steps(out: &mut Phases, starts: &[usize]) {
+    if starts.len() < MIN_FORWARD_STEPS {
+        return;
+    }
+    let mut k = 0;
+    for (i, s) in out.step.iter_mut().enumerate() {
+        while k + 1 < starts.len() && starts[k + 1] <= i {
+            k += 1;
+        }
+        *s = k as u32;
+    }
+    out.steps = starts.len() as u32;
+    out.forward_steps = true;
 }
 
 /// Steps from `user_metadata` tags that change (`step=3`, `{"step": 3}`): each distinct tag

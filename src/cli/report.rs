@@ -51,6 +51,13 @@ pub fn write_diagnosis(out: &mut impl Write, d: &DeviceAnalysis) -> std::io::Res
         for (c, v) in cats {
             let share = 100.0 * *v as f64 / b.allocated_bytes.max(1) as f64;
             writeln!(out, "    {:<16} {:>12}  {share:>5.1}%", c.as_str(), bytes(*v))?;
+            if *c == crate::analysis::categories::Category::Parameter && b.unsharded_parameter_bytes > 0 {
+                writeln!(
+                    out,
+                    "      of which {} are unsharded copies FSDP gathered for the layers computing",
+                    bytes(b.unsharded_parameter_bytes)
+                )?;
+            }
         }
         for s in b.call_sites.iter().take(SITES) {
             let site = s.call_site.as_ref().map(|c| c.to_string()).unwrap_or_else(|| "(no frames)".into());
@@ -80,6 +87,9 @@ pub fn write_diagnosis(out: &mut impl Write, d: &DeviceAnalysis) -> std::io::Res
             bytes(g.live_bytes),
             g.category.as_str()
         )?;
+        if let Some(c) = g.cause {
+            writeln!(out, "    why: {}", c.says())?;
+        }
     }
     for r in d.diagnosis.remedies.iter().filter(|r| r.applies) {
         let effect = r.fit.effect.map(|e| e.label()).unwrap_or("applies");

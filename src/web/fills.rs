@@ -45,6 +45,7 @@ fn class(c: Category) -> &'static str {
         Category::Activation => "c-activation",
         Category::Temporary => "c-temporary",
         Category::Input => "c-input",
+        Category::KvCache => "c-kv-cache",
         Category::Other => "c-other",
         Category::Unknown => "c-unknown",
     }
@@ -74,7 +75,14 @@ fn moment(b: &Breakdown) -> MomentView {
     for (c, v) in b.categories.iter().filter(|(_, v)| **v > 0) {
         let width = (v * WIDTH).div_ceil(total).min(WIDTH - x.min(WIDTH));
         let share = 100.0 * *v as f64 / total as f64;
-        bars.push(Bar { x, width, class: class(*c), label: format!("{}: {} ({share:.1}%)", c.as_str(), bytes(*v)) });
+        let mut label = format!("{}: {} ({share:.1}%)", c.as_str(), bytes(*v));
+        if *c == Category::Parameter && b.unsharded_parameter_bytes > 0 {
+            label.push_str(&format!(
+                ", of which {} unsharded copies FSDP gathered for the layers computing",
+                bytes(b.unsharded_parameter_bytes)
+            ));
+        }
+        bars.push(Bar { x, width, class: class(*c), label });
         x += width;
     }
     let sites = b

@@ -360,6 +360,10 @@ fn device_card(d: &DeviceAnalysis) -> DeviceCard {
     let (verdict, verdict_class) = match dg.verdict {
         DiagnosisVerdict::Fragmentation => (format!("Out of memory: fragmentation{against}"), "bad"),
         DiagnosisVerdict::Capacity => (format!("Out of memory: capacity{against}"), "warn"),
+        DiagnosisVerdict::NoOom if !d.memory.growth.is_empty() => {
+            let per_step: u64 = d.memory.growth.iter().map(|g| g.bytes_per_step).sum();
+            (format!("No OOM yet, but memory grows {} a step", bytes(per_step)), "warn")
+        }
         DiagnosisVerdict::NoOom => ("No OOM in this trace".to_string(), "ok"),
     };
     DeviceCard {

@@ -63,23 +63,36 @@ fn final_categories(name: &str) -> HashMap<u64, (Category, u64)> {
 #[test]
 fn listed_tensors_carry_their_category_and_nothing_else_is_mistaken_for_them() {
     let mut failures = Vec::new();
-    for name in ["mlp_sgd_after_backward", "gpt_adam_after_forward", "cnn_capacity_oom"] {
+    for name in [
+        "mlp_sgd_after_backward",
+        "gpt_adam_after_forward",
+        "cnn_capacity_oom",
+        // Frameworks: a plain transformers loop, its Trainer, Lightning (backward inside the
+        // optimizer's closure), PEFT LoRA (frozen weights), FSDP2 (sharded DTensor storage).
+        "fw_hf_loop",
+        "fw_trainer",
+        "fw_lightning",
+        "fw_lora",
+        "fw_fsdp2",
+    ] {
         let truth = truth(name);
         let blocks = final_categories(name);
         let mut listed: HashMap<u64, Category> = HashMap::new();
         for (key, cat) in LISTED {
             let (mut want, mut right) = (0u64, 0u64);
-            for entry in truth["info"]["categories"][key].as_array().unwrap() {
+            let mut instead: HashMap<Option<Category>, u64> = HashMap::new();
+            for entry in truth["info"]["categories"][key].as_array().into_iter().flatten() {
                 let addr = u64::from_str_radix(entry[0].as_str().unwrap().trim_start_matches("0x"), 16).unwrap();
                 let bytes = entry[1].as_u64().unwrap();
                 want += bytes;
                 listed.insert(addr, cat);
-                if blocks.get(&addr).is_some_and(|b| b.0 == cat) {
-                    right += bytes;
+                match blocks.get(&addr) {
+                    Some(b) if b.0 == cat => right += bytes,
+                    b => *instead.entry(b.map(|b| b.0)).or_default() += bytes,
                 }
             }
             if want > 0 && (right as f64) < 0.97 * want as f64 {
-                failures.push(format!("{name}: {key}: {right} of {want} bytes carry it (< 97%)"));
+                failures.push(format!("{name}: {key}: {right} of {want} bytes carry it (< 97%); instead {instead:?}"));
             }
         }
         let rest: Vec<_> = blocks.iter().filter(|(a, _)| !listed.contains_key(a)).map(|(_, b)| *b).collect();
@@ -90,7 +103,12 @@ fn listed_tensors_carry_their_category_and_nothing_else_is_mistaken_for_them() {
             .map(|b| b.1)
             .sum();
         if mistaken as f64 > 0.03 * total as f64 {
-            failures.push(format!("{name}: {mistaken} of {total} other bytes labelled parameter/gradient/state"));
+            let mut by: HashMap<Category, u64> = HashMap::new();
+            for b in &rest {
+                *by.entry(b.0).or_default() += b.1;
+            }
+            failures
+                .push(format!("{name}: {mistaken} of {total} other bytes labelled parameter/gradient/state: {by:?}"));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -172,6 +190,13 @@ fn healthy_loops_show_no_growth() {
         "ranks3_rank0",
         "ranks3_rank2",
         "mlp_sgd_after_backward",
+        "healthy_shapes",
+        "infer_kv_oom",
+        "fw_hf_loop",
+        "fw_trainer",
+        "fw_lightning",
+        "fw_lora",
+        "fw_fsdp2",
     ] {
         let a = analyze_json(&path(name));
         for d in a["devices"].as_array().unwrap() {
@@ -351,4 +376,143 @@ fn active_memory_by_category_ends_where_the_breakdown_does() {
     }
     let bad = server.get(&format!("/api/v1/snapshots/{id}/devices/0/active?by=colour"));
     assert_eq!(bad.status(), 400);
+}
+
+/// Steps are counted exactly: the events after the last optimizer step (a loss summed, a
+/// sync) are not a step, and Lightning's `zero_grad` inside the step's closure does not split
+/// one step in two.
+#[test]
+fn steps_are_counted_exactly_under_every_loop() {
+    for name in ["leak_retained_graph", "healthy_shapes"] {
+        let want = truth(name)["info"]["steps"].as_u64().unwrap();
+        let a = analyze_json(&path(name));
+        assert_eq!(a["devices"][0]["steps"].as_array().unwrap().len() as u64, want, "{name}");
+    }
+    // Dumped inside their 4th step (truth: `info.when`): three whole steps and the one cut off.
+    for name in ["fw_hf_loop", "fw_trainer", "fw_lightning", "fw_lora", "fw_fsdp2"] {
+        let when = truth(name)["info"]["when"].as_str().unwrap().to_string();
+        assert!(when.contains("4th"), "{name}: {when}");
+        let a = analyze_json(&path(name));
+        assert_eq!(a["devices"][0]["steps"].as_array().unwrap().len(), 4, "{name}: {when}");
+    }
+}
+
+/// FSDP2 gathers each layer's full parameters for its compute: parameter memory, and the
+/// breakdown says how much of it is those copies. At the end (after the backward, resharded)
+/// none is left, and the parameters are exactly the truth's sharded storages.
+#[test]
+fn fsdp_s_gathered_copies_are_parameters_and_named_so() {
+    let a = analyze_json(&path("fw_fsdp2"));
+    let b = a["devices"][0]["breakdown"].as_array().unwrap();
+    let peak = b.iter().find(|b| b["moment"] == "peak").unwrap();
+    let copies = peak["unsharded_parameter_bytes"].as_u64().unwrap_or(0);
+    assert!(copies > 0 && copies < peak["categories"]["parameter"].as_u64().unwrap(), "{peak}");
+    let last = b.iter().find(|b| b["moment"] == "final").unwrap();
+    assert!(last.get("unsharded_parameter_bytes").is_none(), "{last}");
+    let sharded: u64 = truth("fw_fsdp2")["info"]["categories"]["parameter"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e[1].as_u64().unwrap())
+        .sum();
+    let got = last["categories"]["parameter"].as_u64().unwrap();
+    assert!(got >= sharded && got as f64 <= sharded as f64 * 1.01, "{got} vs {sharded}");
+    let text = std::process::Command::new(bin()).arg("analyze").arg(path("fw_fsdp2")).output().unwrap();
+    assert!(String::from_utf8_lossy(&text.stdout).contains("unsharded copies FSDP gathered"));
+}
+
+/// The median of the truth's growth per step: one step's odd extra does not move it.
+fn truth_growth(name: &str) -> u64 {
+    let mut g: Vec<u64> =
+        truth(name)["info"]["growth_per_step"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    g.sort_unstable();
+    g[g.len() / 2]
+}
+
+/// `loss.backward(retain_graph=True)` and `total_loss += loss` keep every step's graph: the
+/// growth is found to 5%, its cause named, its remedy given though there is no OOM yet, and it
+/// is the headline.
+#[test]
+fn a_kept_graph_is_named_as_the_cause_of_the_growth() {
+    let want = truth_growth("leak_retained_graph");
+    let a = analyze_json(&path("leak_retained_graph"));
+    let d = &a["devices"][0];
+    let grows: u64 = d["growth"].as_array().unwrap().iter().map(|g| g["bytes_per_step"].as_u64().unwrap()).sum();
+    assert!((grows as f64 - want as f64).abs() <= 0.05 * want as f64, "{grows} a step, truth {want}");
+    assert_eq!(d["growth"][0]["cause"], "kept_graph", "{}", d["growth"][0]);
+    let summary = d["diagnosis"]["summary"].as_str().unwrap();
+    assert!(summary.starts_with("No OOM yet, but memory grows"), "{summary}");
+    let fix = d["diagnosis"]["remedies"].as_array().unwrap().iter().find(|r| r["kind"] == "fix_leak").unwrap();
+    assert!(fix["why"].as_str().unwrap().contains("retain_graph=True"), "{fix}");
+    let out = std::process::Command::new(bin()).arg("analyze").arg(path("leak_retained_graph")).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("remedy: Stop the leak") && !text.contains("none applies"), "{text}");
+    assert!(text.contains("why: blocks made in the forward outlive"), "{text}");
+}
+
+/// An evaluation loop without an optimizer that keeps each forward's logits (and with them the
+/// graph) grows per forward pass: found to 10%, as kept outputs. The same loop under
+/// `torch.no_grad()` keeping only numbers does not grow.
+#[test]
+fn a_loop_without_an_optimizer_that_keeps_outputs_is_found_by_its_forward_passes() {
+    let want = truth_growth("eval_keeps_outputs");
+    let a = analyze_json(&path("eval_keeps_outputs"));
+    let d = &a["devices"][0];
+    assert_eq!(
+        d["steps"].as_array().unwrap().len() as u64,
+        truth("eval_keeps_outputs")["info"]["steps"].as_u64().unwrap()
+    );
+    let grows: u64 = d["growth"].as_array().unwrap().iter().map(|g| g["bytes_per_step"].as_u64().unwrap()).sum();
+    assert!((grows as f64 - want as f64).abs() <= 0.10 * want as f64, "{grows} a pass, truth {want}");
+    assert_eq!(d["growth"][0]["cause"], "kept_outputs", "{}", d["growth"][0]);
+    let b = analyze_json(&path("eval_no_grad"));
+    assert_eq!(b["devices"][0]["growth"], serde_json::json!([]), "a false alarm under no_grad");
+}
+
+/// `generate` with a growing KV cache until a capacity OOM: the cache is named, its numbers
+/// are the truth's, and the remedies are inference's, not training's.
+#[test]
+fn an_inference_oom_names_the_kv_cache_and_its_remedies() {
+    let truth = truth("infer_kv_oom");
+    let a = analyze_json(&path("infer_kv_oom"));
+    let d = &a["devices"][0];
+    let oom = d["breakdown"].as_array().unwrap().iter().find(|b| b["moment"] == "oom").unwrap();
+    let cats = &oom["categories"];
+    let kv = cats["kv_cache"].as_u64().unwrap();
+    let not_params = oom["allocated_bytes"].as_u64().unwrap() - cats["parameter"].as_u64().unwrap();
+    assert!(kv as f64 >= 0.8 * not_params as f64, "{cats}");
+    let k = &d["diagnosis"]["kv_cache"];
+    let per_token = truth["info"]["kv_cache_bytes_per_token"].as_u64().unwrap();
+    let got = k["bytes_per_token"].as_u64().unwrap();
+    assert!((got as f64 - per_token as f64).abs() <= 0.05 * per_token as f64, "{k}");
+    assert_eq!(k["sequences"].as_u64(), truth["info"]["batch"].as_u64(), "{k}");
+    let kinds: Vec<&str> =
+        d["diagnosis"]["remedies"].as_array().unwrap().iter().map(|r| r["kind"].as_str().unwrap()).collect();
+    for want in ["fewer_sequences", "shorter_generation", "quantized_cache", "offloaded_cache", "paged_serving"] {
+        assert!(kinds.contains(&want), "{want} missing: {kinds:?}");
+    }
+    for training in [
+        "activation_checkpointing",
+        "smaller_batch",
+        "shard_optimizer_state",
+        "lighter_optimizer",
+        "grads_set_to_none",
+        "chunked_loss",
+    ] {
+        assert!(!kinds.contains(&training), "{training} on a run with no backward");
+    }
+    // max_entries dropped the start: said in the verdict's own words.
+    assert!(d["diagnosis"]["summary"].as_str().unwrap().contains("The trace lost its start"));
+}
+
+/// On the page a growth is the headline, above the fold, not "No OOM in this trace".
+#[test]
+fn the_page_heads_a_growing_run_with_its_growth() {
+    let server = TestServer::start(&[]);
+    let id = server.upload(&path("leak_retained_graph"))["id"].as_str().unwrap().to_string();
+    assert_eq!(server.wait_done(&id)["status"], "ready");
+    let page = server.get(&format!("/s/{id}")).text().unwrap();
+    let head = page.find("<h2>No OOM yet, but memory grows").expect("the growth is the verdict's headline");
+    assert!(page[..head].contains("verdict warn"), "not marked as a warning");
+    assert!(!page.contains("No OOM in this trace"));
 }

@@ -125,7 +125,8 @@ test("colouring by what blocks hold is kept in the fragment, and every category 
   assert.deepEqual(parse(format(v)), v);
   assert.equal(parse("#c=evil").colour, undefined);
   const colours = Object.values(CATEGORY_COLORS);
-  assert.equal(new Set(colours).size, 8, "eight distinct colours");
+  assert.equal(new Set(colours).size, 9, "nine distinct colours");
+  assert.equal(colours.length, 9);
   assert.equal(categoryColor("activation"), CATEGORY_COLORS.activation);
   assert.equal(categoryColor(undefined), CATEGORY_COLORS.unknown);
 });

@@ -20,6 +20,8 @@ pub struct Mix {
     /// Everything else that grows with the micro-batch: temporaries of the forward and the
     /// backward, the batch, the loss.
     pub batch: u64,
+    /// An inference KV cache: grows with the sequences and the tokens.
+    pub kv_cache: u64,
     /// What a remedy leaves alone.
     pub fixed: u64,
 }
@@ -32,12 +34,13 @@ impl Mix {
             + self.gradient
             + self.activation
             + self.batch
+            + self.kv_cache
             + self.fixed
     }
 
     /// What does not grow with the micro-batch.
     pub fn unbatched(&self) -> u64 {
-        self.total() - self.activation - self.batch
+        self.total() - self.activation - self.batch - self.kv_cache
     }
 
     /// Adds `bytes` of memory of category `c`; `batched` says whether it grows with the
@@ -49,6 +52,7 @@ impl Mix {
             Category::Gradient if kept => self.kept_gradient += bytes,
             Category::Gradient => self.gradient += bytes,
             Category::Activation => self.activation += bytes,
+            Category::KvCache => self.kv_cache += bytes,
             _ if batched => self.batch += bytes,
             _ => self.fixed += bytes,
         }
@@ -72,6 +76,7 @@ impl Mix {
             gradient: self.gradient + o.gradient,
             activation: self.activation + o.activation,
             batch: self.batch + o.batch,
+            kv_cache: self.kv_cache + o.kv_cache,
             fixed: self.fixed + o.fixed,
         }
     }
@@ -85,6 +90,7 @@ impl Mix {
             gradient: self.gradient.saturating_sub(o.gradient),
             activation: self.activation.saturating_sub(o.activation),
             batch: self.batch.saturating_sub(o.batch),
+            kv_cache: self.kv_cache.saturating_sub(o.kv_cache),
             fixed: self.fixed.saturating_sub(o.fixed),
         }
     }
@@ -99,6 +105,7 @@ impl Mix {
             + self.gradient
             + activation
             + f(self.batch, change.batch)
+            + f(self.kv_cache, change.batch * change.kv_cache)
             + self.fixed)
             .saturating_sub(change.less)
     }
@@ -113,13 +120,17 @@ pub struct Change {
     pub activation: f64,
     pub optimizer_state: f64,
     pub kept_gradient: f64,
+    /// On the KV cache alone (fewer tokens, a quantized or offloaded cache); fewer sequences
+    /// act through `batch`.
+    pub kv_cache: f64,
     /// Bytes taken off every moment (a leak stopped, a loss computed in chunks).
     pub less: u64,
 }
 
 impl Change {
     /// No change: the projection itself.
-    pub const NONE: Change = Change { batch: 1.0, activation: 1.0, optimizer_state: 1.0, kept_gradient: 1.0, less: 0 };
+    pub const NONE: Change =
+        Change { batch: 1.0, activation: 1.0, optimizer_state: 1.0, kept_gradient: 1.0, kv_cache: 1.0, less: 0 };
 }
 
 /// The moments of a projected step: the peak after a change is the largest of them.

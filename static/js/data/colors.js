@@ -36,6 +36,7 @@ export const CATEGORY_COLORS = {
   activation: "#d9822b",
   temporary: "#f2c38b",
   input: "#3d9a6b",
+  kv_cache: "#c2417a",
   other: "#a67c52",
   unknown: "#6b7380",
 };
