@@ -68,20 +68,26 @@ def get(url):
         return json.loads(r.read())
 
 
-def main(binary, out):
+def serve(binary, out):
+    """A fragscope server on a free loopback port with a fresh data folder, once it answers."""
     os.makedirs(out, exist_ok=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     data = os.path.join("/tmp", f"fragscope-gpu-{os.getpid()}")
     server = subprocess.Popen([binary, "serve", "--addr", f"127.0.0.1:{port}", "--data-dir", data],
                               stdout=subprocess.DEVNULL, stderr=open(os.path.join(out, "server.log"), "w"))
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(url + "/healthz", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.1)
+    return server, url
+
+
+def main(binary, out):
+    server, url = serve(binary, out)
     try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(url + "/healthz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
         started = time.time()
         ranks = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), url], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for r in BUDGET]

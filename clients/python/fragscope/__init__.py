@@ -7,3 +7,12 @@ from .upload import Delivery, upload, default_run, default_rank
 
 __all__ = ["capture", "stop", "upload", "Delivery", "Client", "Snapshot", "Run", "ServerError", "default_run", "default_rank"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # `fragscope.lightning` and `fragscope.transformers` import their framework only when used.
+    if name in ("lightning", "transformers"):
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'fragscope' has no attribute {name!r}")

@@ -11,7 +11,7 @@ _state = {"observer": None, "sent": 0}
 _lock = threading.Lock()
 
 
-def capture(url, token=None, run=None, rank=None, max_entries=100_000, max_uploads=3, timeout=10.0,
+def capture(url=None, token=None, run=None, rank=None, max_entries=100_000, max_uploads=3, timeout=10.0,
             fallback_dir=None, stacks="python"):
     """Starts `torch.cuda.memory._record_memory_history` and registers an out-of-memory observer
     that uploads `torch.cuda.memory._snapshot()` at each OOM (at most `max_uploads` per process).
@@ -19,9 +19,14 @@ def capture(url, token=None, run=None, rank=None, max_entries=100_000, max_uploa
     `run` defaults to the launcher's job id (TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ...), `rank` to
     RANK (or SLURM_PROCID, ...). The observer never raises: whatever fails is printed on stderr,
     and a snapshot the server cannot take is written to a local file whose path is printed.
-    Returns the run key and rank it will use."""
+    `url` and `token` default to $FRAGSCOPE_URL and $FRAGSCOPE_TOKEN; without a URL every
+    snapshot goes to the local file. Returns the run key and rank it will use."""
+    import os
+
     import torch
 
+    url = url or os.environ.get("FRAGSCOPE_URL")
+    token = token or os.environ.get("FRAGSCOPE_TOKEN")
     run = run if run is not None else default_run()
     rank = rank if rank is not None else default_rank()
     torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks=stacks)
@@ -29,11 +34,12 @@ def capture(url, token=None, run=None, rank=None, max_entries=100_000, max_uploa
     def observer(device, alloc, device_alloc, device_free):
         try:
             with _lock:
-                if _state["sent"] >= max_uploads:
+                # A later capture() replaced this one (torch keeps every observer attached).
+                if _state["observer"] is not observer or _state["sent"] >= max_uploads:
                     return
                 _state["sent"] += 1
             snapshot = torch.cuda.memory._snapshot()
-            snapshot["fragscope_context"] = {"devices": [_device_context(torch, device)]}
+            snapshot["fragscope_context"] = {"devices": [device_context(torch, device)]}
             who = f"rank{rank}" if rank is not None else "process"
             name = f"{run or 'job'}-{who}-oom-cuda{device}.pickle"
             note = f"captured at an OOM on cuda:{device}: {alloc} bytes asked, {device_free} free on the device"
@@ -45,12 +51,19 @@ def capture(url, token=None, run=None, rank=None, max_entries=100_000, max_uploa
             except BaseException:
                 pass
 
+    with _lock:
+        _state["observer"] = observer
+        _state["sent"] = 0
     torch._C._cuda_attach_out_of_memory_observer(observer)
-    _state["observer"] = observer
     return run, rank
 
 
-def _device_context(torch, device):
+def sent():
+    """Snapshots the observer has taken in this process."""
+    return _state["sent"] if _state["observer"] is not None else 0
+
+
+def device_context(torch, device):
     """What the snapshot does not record and the diagnosis needs: the device's total memory and
     the per-process budget (`set_per_process_memory_fraction`), read without a CUDA call that
     could allocate (the observer runs inside a failed allocation)."""

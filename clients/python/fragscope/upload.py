@@ -92,7 +92,7 @@ def upload(path_or_snapshot, url, token=None, run=None, rank=None, name=None, no
     written to `fallback_dir` (else $FRAGSCOPE_FALLBACK_DIR, else the working directory) and that
     path is printed instead. It does not raise for either."""
     body, default_name = _bytes_of(path_or_snapshot)
-    base = url.rstrip("/")
+    base = (url or "").rstrip("/")
     params = {"name": name or default_name}
     if note:
         params["note"] = note
@@ -100,16 +100,21 @@ def upload(path_or_snapshot, url, token=None, run=None, rank=None, name=None, no
         params["run"] = str(run)
     if rank is not None:
         params["rank"] = str(int(rank))
-    request = urllib.request.Request(f"{base}/api/v1/snapshots?{urllib.parse.urlencode(params)}", data=body, method="POST")
-    request.add_header("Content-Type", "application/octet-stream")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
     try:
+        if not base:
+            raise ValueError("no server URL (pass url=, or set FRAGSCOPE_URL)")
+        request = urllib.request.Request(f"{base}/api/v1/snapshots?{urllib.parse.urlencode(params)}", data=body,
+                                         method="POST")
+        request.add_header("Content-Type", "application/octet-stream")
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
         with urllib.request.urlopen(request, timeout=timeout) as r:
             delivery = Delivery(json.loads(r.read()), base)
     except urllib.error.HTTPError as e:
         detail = e.read().decode("utf-8", "replace")[:500]
         delivery = Delivery(error=f"the server refused it ({e.code}): {detail}")
+    except ValueError as e:  # no URL, or one urllib cannot use
+        delivery = Delivery(error=str(e))
     except Exception as e:  # unreachable, timed out, reset: keep the snapshot
         delivery = Delivery(error=f"the server could not be reached: {e}")
     if not delivery.ok:

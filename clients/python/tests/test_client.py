@@ -172,6 +172,117 @@ class AgainstTheServer(unittest.TestCase):
         self.assertEqual(diagnosis["outside"]["device_total_bytes"], 16 << 30)
 
 
+class FakeOOM(RuntimeError):
+    """Named as torch's is: the callbacks tell an OOM by its class name."""
+
+
+FakeOOM.__name__ = "OutOfMemoryError"
+
+
+@contextlib.contextmanager
+def stand_in_torch(snapshot, hooks):
+    """torch's hooks, recorded: the real ones run on a GPU in tests/gpu/callbacks.py."""
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(
+        memory=types.SimpleNamespace(
+            _record_memory_history=lambda *a, **kw: hooks.setdefault("record", []).append((a, kw)),
+            _snapshot=lambda: dict(snapshot)),
+        get_device_properties=lambda d: types.SimpleNamespace(total_memory=16 << 30),
+        get_per_process_memory_fraction=lambda d: 0.5,
+        current_device=lambda: 0)
+    torch._C = types.SimpleNamespace(_cuda_attach_out_of_memory_observer=lambda f: hooks.__setitem__("observer", f))
+    saved = sys.modules.get("torch")
+    sys.modules["torch"] = torch
+    try:
+        yield torch
+    finally:
+        if saved is None:
+            del sys.modules["torch"]
+        else:
+            sys.modules["torch"] = saved
+
+
+@unittest.skipUnless(URL, "FRAGSCOPE_TEST_URL is not set: run through cargo test")
+class Callbacks(unittest.TestCase):
+    """The Lightning and transformers callbacks driven by stand-in trainers (no framework
+    installed here), against the real server."""
+
+    def setUp(self):
+        with open(fixture("capacity_oom"), "rb") as f:
+            self.snapshot = pickle.load(f)
+        os.environ["FRAGSCOPE_URL"] = URL
+
+    def tearDown(self):
+        os.environ.pop("FRAGSCOPE_URL", None)
+
+    def run_view(self, text):
+        run_url = re.search(r"\(run: (\S+)\)", text).group(1)
+        return fragscope.Client(URL).run(run_url.rsplit("/", 1)[1]).view()
+
+    def test_lightning_uploads_the_oom_of_its_global_rank_and_never_raises(self):
+        from fragscope.lightning import MemoryCapture
+
+        hooks, err = {}, io.StringIO()
+        trainer = types.SimpleNamespace(global_rank=2)
+        with stand_in_torch(self.snapshot, hooks) as torch, contextlib.redirect_stderr(err):
+            cb = MemoryCapture(run="lightning-job", max_entries=777)
+            cb.setup(trainer, None, "fit")
+            self.assertEqual(hooks["record"][0][1]["max_entries"], 777)
+            hooks["observer"](0, 1 << 30, 2 << 30, 0)  # the allocation that failed
+            cb.on_exception(trainer, None, FakeOOM("CUDA out of memory"))  # already captured: nothing more
+            torch.cuda.memory._snapshot = lambda: 1 / 0
+            cb.on_exception(trainer, None, FakeOOM("again"))  # must not raise
+            cb.teardown(trainer, None, "fit")
+        text = err.getvalue()
+        self.assertEqual(text.count("fragscope: http"), 1, text)
+        view = self.run_view(text)
+        self.assertEqual(view["name"], "lightning-job")
+        self.assertEqual([r["rank"] for r in view["ranks"]], [2])
+        self.assertEqual(hooks["record"][-1][1].get("enabled", "stopped"), None, "recording stops at teardown")
+
+    def test_an_oom_the_observer_missed_is_captured_by_on_exception(self):
+        from fragscope.lightning import MemoryCapture
+
+        hooks, err = {}, io.StringIO()
+        trainer = types.SimpleNamespace(global_rank=0)
+        with stand_in_torch(self.snapshot, hooks), contextlib.redirect_stderr(err):
+            cb = MemoryCapture(run="lightning-missed")
+            cb.setup(trainer, None, "fit")
+            cb.on_exception(trainer, None, ValueError("not an OOM"))
+            self.assertNotIn("fragscope: http", err.getvalue())
+            cb.on_exception(trainer, None, FakeOOM("CUDA out of memory. Tried to allocate 2.00 GiB"))
+        view = self.run_view(err.getvalue())
+        self.assertEqual([r["rank"] for r in view["ranks"]], [0])
+
+    def test_transformers_uploads_at_the_end_with_on_exit_under_its_process_index(self):
+        from fragscope.transformers import MemoryCapture
+
+        hooks, err = {}, io.StringIO()
+        args = types.SimpleNamespace(process_index=1)
+        with stand_in_torch(self.snapshot, hooks), contextlib.redirect_stderr(err):
+            cb = MemoryCapture(run="trainer-job", on_exit=True)
+            cb.on_train_begin(args, None, None)
+            cb.on_train_end(args, None, None)
+        view = self.run_view(err.getvalue())
+        self.assertEqual(view["name"], "trainer-job")
+        self.assertEqual([r["rank"] for r in view["ranks"]], [1])
+
+    def test_with_the_server_down_the_snapshot_is_kept_in_a_file(self):
+        from fragscope.transformers import MemoryCapture
+
+        hooks, err = {}, io.StringIO()
+        with tempfile.TemporaryDirectory() as keep, stand_in_torch(self.snapshot, hooks), \
+                contextlib.redirect_stderr(err):
+            cb = MemoryCapture(url=f"http://127.0.0.1:{closed_port()}", run="down", fallback_dir=keep)
+            cb.on_train_begin(types.SimpleNamespace(process_index=0), None, None)
+            hooks["observer"](0, 1 << 30, 2 << 30, 0)
+            saved = os.listdir(keep)
+            self.assertEqual(len(saved), 1, err.getvalue())
+            with open(os.path.join(keep, saved[0]), "rb") as f:
+                self.assertEqual(pickle.load(f)["segments"], self.snapshot["segments"])
+        self.assertIn("snapshot saved to", err.getvalue())
+
+
 class Defaults(unittest.TestCase):
     def test_run_and_rank_come_from_the_launcher(self):
         keep = {k: os.environ.pop(k) for k in list(os.environ) if k in fragscope.upload.__globals__["RUN_VARIABLES"]
