@@ -164,14 +164,12 @@ pub fn unweighed_leaks(growth: &[Growth], diagnosis: &mut super::advice::Diagnos
     if diagnosis.remedies.iter().any(|r| r.kind == RemedyKind::FixLeak) {
         return;
     }
-    let leaks = growth
-        .iter()
-        .map(|g| {
-            let (code, why) = leak_words(g);
-            let mut r = Remedy::new(RemedyKind::FixLeak, true, code, why);
-            r.fit.saves_bytes = Some(g.live_bytes);
-            r
-        });
+    let leaks = growth.iter().map(|g| {
+        let (code, why) = leak_words(g);
+        let mut r = Remedy::new(RemedyKind::FixLeak, true, code, why);
+        r.fit.saves_bytes = Some(g.live_bytes);
+        r
+    });
     diagnosis.remedies.extend(leaks);
 }
 

@@ -87,9 +87,10 @@ pub fn refine(r: &Replaying, f: &Facts, remedies: &mut [Remedy]) {
                     bytes(o.peak_reserved_bytes)
                 ));
             }
+            // The real run did not die: a replay that does, dies earlier than it.
             (Some(x), false) => {
                 remedy.fit.predicted_peak_bytes = Some(o.peak_reserved_bytes);
-                remedy.fit.effect = Some(Effect::Helps);
+                remedy.fit.effect = Some(Effect::DoesNotHelp);
                 remedy.predicted = Some(format!(
                     "still out of memory within {within}, at event {} (replayed through the allocator model)",
                     x.event_index

@@ -85,6 +85,8 @@ struct DeviceCard {
     summary: String,
     figures: Vec<(String, String)>,
     remedies: Vec<RemedyView>,
+    /// Remedies that do not apply here: one line, each reason behind a disclosure.
+    not_applying: Vec<RemedyView>,
     events: u64,
     /// The event the page opens on: the first OOM, else the last event.
     start_event: i64,
@@ -313,7 +315,7 @@ fn device_card(d: &DeviceAnalysis) -> DeviceCard {
         figures.push(("held outside PyTorch".into(), bytes(out)));
     }
     let events = d.trace.events;
-    let remedies = dg
+    let remedies: Vec<RemedyView> = dg
         .remedies
         .iter()
         .map(|r| RemedyView {
@@ -333,8 +335,10 @@ fn device_card(d: &DeviceAnalysis) -> DeviceCard {
             },
         })
         .collect();
-    // What would fix the run first, then what helps, then the rest, each group as analysed.
-    let mut remedies: Vec<RemedyView> = remedies;
+    // What would fix the run first, then what helps, then the rest, each group as analysed;
+    // those that do not apply fold into one line under the cards.
+    let (not_applying, mut remedies): (Vec<RemedyView>, Vec<RemedyView>) =
+        remedies.into_iter().partition(|r: &RemedyView| r.effect_class == "no");
     remedies.sort_by_key(|r| match r.effect_class {
         "fixes" => 0,
         "applies" => 1,
@@ -375,6 +379,7 @@ fn device_card(d: &DeviceAnalysis) -> DeviceCard {
         summary: dg.summary.clone(),
         figures,
         remedies,
+        not_applying,
         events,
         start_event: oom.map(|o| o.event_index as i64).unwrap_or(events as i64 - 1),
         warnings,

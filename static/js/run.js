@@ -16,6 +16,8 @@ let curves = null;
 let curvesFor = "";
 
 const words = { fragmentation: "OOM: fragmentation", capacity: "OOM: capacity", no_oom: "no OOM" };
+// The headline already says "ran out of memory": only the kind.
+const kinds = { fragmentation: "fragmentation", capacity: "capacity" };
 
 function cell(text, cls) {
   const td = document.createElement("td");
@@ -68,7 +70,7 @@ function renderSummary() {
   const p = document.createElement("p");
   p.textContent = parts.join(" ");
   const h = document.createElement("h2");
-  h.textContent = first ? `Rank ${first.rank} ran out of memory: ${words[first.verdict] || first.verdict}` : "No OOM";
+  h.textContent = first ? `Rank ${first.rank} ran out of memory: ${kinds[first.verdict] || first.verdict}` : "No OOM";
   summary.className = `verdict ${s.oom_ranks.length ? "bad" : ""}`;
   summary.replaceChildren(h, p);
   if (first) {

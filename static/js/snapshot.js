@@ -183,6 +183,21 @@ function ready() {
     await Promise.all([loadMap(), loadTimeline(), loadActive()]);
   }
 
+  // A fragment edited on the open page applies as a cold link does (replaceState, which the
+  // page itself uses, does not fire this).
+  window.addEventListener("hashchange", () => {
+    const next = firstView(location.hash, devices);
+    const deviceChanged = next.device !== state.device;
+    Object.assign(state, next);
+    if (deviceSel) deviceSel.value = String(state.device);
+    sortSel.value = state.sort;
+    map.setSort(state.sort);
+    setColour(state.colour || "site");
+    map.sel = state.sel;
+    if (deviceChanged) maps.clear();
+    showDevice();
+  });
+
   (async () => {
     await showDevice();
     // Milliseconds from navigation to a drawn map and timeline (read by the benchmark).

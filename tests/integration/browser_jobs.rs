@@ -54,7 +54,12 @@ fn several_files_dropped_together_are_one_run_and_land_on_its_page() {
         assert!(fills[0].as_u64().unwrap() >= 2, "{fills}");
         assert!(fills[1].as_str().unwrap().contains("mostly activation"), "{fills}");
         let head = js(&c, "return document.getElementById('run-summary').textContent").await;
-        assert!(head.as_str().unwrap().contains("Rank 1 ran out of memory"), "{head}");
+        assert!(head.as_str().unwrap().contains("Rank 1 ran out of memory: capacity"), "{head}");
+        assert!(!head.as_str().unwrap().contains("OOM: "), "the headline says it once: {head}");
+        // The run page's legend keys are its bars' colours, not the snapshot page's.
+        let keys = js(&c, "return [...document.querySelectorAll('.legend i')].map(i => getComputedStyle(i).backgroundColor)").await;
+        let bars = js(&c, "return ['.bar.reserved', '.bar.allocated'].map(s => getComputedStyle(document.querySelector(s)).backgroundColor)").await;
+        assert_eq!(keys, bars, "legend {keys} against bars {bars}");
         // A click on a row opens its rank's page, which can delete it.
         c.execute("document.querySelector('#ranks tr[data-rank=\"1\"] td').click()", vec![]).await.unwrap();
         wait_for(&c, "return location.pathname.startsWith('/s/')").await;

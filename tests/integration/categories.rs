@@ -302,11 +302,14 @@ fn the_page_shows_what_fills_memory_with_the_remedies_that_fix_the_run_first() {
     assert!(panel.contains("At the OOM, event 3793 (backward)"), "{panel}");
     assert!(panel.contains(r#"class="c-activation"><title>activation: "#), "no activation bar");
     assert!(!panel.contains("At the end"), "the end is the OOM here: shown once");
-    // The first card is one whose prediction fixes the run; cards that do not apply come last.
+    // The first card is one whose prediction fixes the run; remedies that do not apply are no
+    // cards but one line after them.
     let first = html.find(r#"class="remedy "#).unwrap();
     assert!(html[first..].starts_with(r#"class="remedy fixes""#), "{}", &html[first..first + 60]);
-    let (fix, no) = (html.rfind(r#"class="remedy fixes""#).unwrap(), html.find(r#"class="remedy no""#).unwrap());
+    assert!(!html.contains(r#"class="remedy no""#), "a card for a remedy that does not apply");
+    let (fix, no) = (html.rfind(r#"class="remedy fixes""#).unwrap(), html.find(r#"class="not-applying"#).unwrap());
     assert!(fix < no);
+    assert_eq!(html.matches(r#"class="not-applying"#).count(), 1, "one line");
 }
 
 fn analyze_with_capacity(name: &str, capacity: u64) -> Value {

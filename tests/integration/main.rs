@@ -3,6 +3,7 @@
 mod arriving;
 mod browser;
 mod browser_jobs;
+mod browser_pages;
 mod categories;
 mod connections;
 mod diagnosis;

@@ -1,0 +1,42 @@
+//! The snapshot page's rough edges, in headless Chromium: what fills memory takes the page's
+//! width, the timeline's legend is the chart's colours, and a fragment edited on the open page
+//! applies.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::browser::{browser, driver, js, runtime, wait_ready};
+use crate::util::*;
+
+#[test]
+fn what_fills_memory_is_full_width_the_legend_matches_the_chart_and_an_edited_fragment_applies() {
+    let Some(d) = driver() else { return };
+    let server = TestServer::start(&[]);
+    let id = server.upload(&fixtures().join("categories/ranks3_rank1.pickle.zst"))["id"].as_str().unwrap().to_string();
+    assert_eq!(server.wait_done(&id)["status"], "ready");
+    runtime().block_on(async {
+        let c = browser(&d).await;
+        c.goto(&server.url(&format!("/s/{id}"))).await.unwrap();
+        wait_ready(&c).await;
+        // `.fills` of the run page's column once squeezed this section to 22%.
+        let widths = js(&c, "const s = document.querySelector('section.fills'); return [s.getBoundingClientRect().width, s.parentElement.getBoundingClientRect().width]").await;
+        let (w, parent) = (widths[0].as_f64().unwrap(), widths[1].as_f64().unwrap());
+        assert!(w >= 0.9 * parent, "what fills memory is {w} px of {parent}");
+        // The timeline draws reserved pale and allocated blue (draw/timeline.js): so does its legend.
+        let legend = js(&c, "return ['.legend.hint .k-reserved', '.legend.hint .k-allocated'].map(s => getComputedStyle(document.querySelector(s)).backgroundColor)").await;
+        assert_eq!(legend, json!(["rgb(213, 222, 234)", "rgb(47, 111, 196)"]));
+        // A fragment typed into the open page's address applies, as a cold link does.
+        c.execute("location.hash = '#e=2'", vec![]).await.unwrap();
+        let mut label = json!(null);
+        for _ in 0..200 {
+            label = js(&c, "return document.getElementById('event-label').textContent").await;
+            if label.as_str().unwrap_or("").starts_with("After event 2 ") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(label.as_str().unwrap().starts_with("After event 2 "), "{label}");
+        c.close().await.unwrap();
+    });
+}
