@@ -51,6 +51,14 @@ print("pinners:", len(pinners), "rows")
 print(pinners.head())
 
 # %%
+# Memory that grows step after step (a leak), with its cause where the trace tells.
+for device in snap.analysis()["devices"]:
+    for g in device.get("growth", []):
+        site = g["call_site"] or {}
+        print(f"growth on cuda:{device['device']}: {g['bytes_per_step'] / 2**20:.1f} MiB a step at "
+              f"{site.get('filename')}:{site.get('line')} ({g['category']}, cause: {g.get('cause') or 'not told'})")
+
+# %%
 # What to change.
 # Each remedy's effect: fixes, helps (not enough), does not help, does not apply.
 for remedy in diagnosis["remedies"]:

@@ -24,6 +24,6 @@ fn the_python_client_passes_its_tests_against_the_real_server() {
     let out = run_bounded(cmd, Duration::from_secs(300));
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stdout));
-    assert!(text.contains("Ran 12 tests") && text.contains("\nOK"), "{text}");
+    assert!(text.contains("Ran 13 tests") && text.contains("\nOK"), "{text}");
     assert!(!text.contains("skipped 'FRAGSCOPE_TEST_URL"), "{text}");
 }

@@ -69,8 +69,11 @@ class Client:
 
 
 def _frame(columns):
-    import pandas as pd
-
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ImportError("frame=True needs pandas (pip install pandas, or pip install './clients/python[pandas]'); "
+                          "without it, leave frame out for the same data as plain lists and dicts") from None
     return pd.DataFrame(columns)
 
 

@@ -283,6 +283,23 @@ class Callbacks(unittest.TestCase):
         self.assertIn("snapshot saved to", err.getvalue())
 
 
+class Frames(unittest.TestCase):
+    def test_a_frame_without_pandas_says_what_to_install(self):
+        from fragscope.client import _frame
+
+        saved = sys.modules.get("pandas")
+        sys.modules["pandas"] = None  # as if not installed
+        try:
+            with self.assertRaises(ImportError) as e:
+                _frame({"a": [1]})
+        finally:
+            if saved is None:
+                del sys.modules["pandas"]
+            else:
+                sys.modules["pandas"] = saved
+        self.assertIn("pip install pandas", str(e.exception))
+
+
 class Defaults(unittest.TestCase):
     def test_run_and_rank_come_from_the_launcher(self):
         keep = {k: os.environ.pop(k) for k in list(os.environ) if k in fragscope.upload.__globals__["RUN_VARIABLES"]
