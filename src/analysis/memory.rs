@@ -73,6 +73,38 @@ impl Index {
     pub fn breakdown(&self, snapshot: &Snapshot, state: &State, moment: Moment, event: Option<u64>) -> Breakdown {
         breakdown::breakdown(snapshot, state, &self.labels, moment, event, self.phase_at(event))
     }
+
+    /// Device `d`'s segment map right after `event` (None: the final `segments`), each live
+    /// block with what it holds: the server's and `fragscope mcp`'s `state`.
+    pub fn segment_map_at(
+        &self,
+        snapshot: &Snapshot,
+        d: &Device,
+        replay: &Replay,
+        event: Option<u64>,
+    ) -> super::map::SegmentMap {
+        match event {
+            Some(e) => {
+                let state = replay.state_at(snapshot, Some(e as usize));
+                super::map::segment_map(snapshot, d.device, event, &state, |b| Some(self.labels.of(b)))
+            }
+            None => {
+                let state = crate::replay::final_state(d);
+                super::map::segment_map(snapshot, d.device, None, &state, |b| self.category_at_end(replay, b.address))
+            }
+        }
+    }
+
+    /// What fills device `d`'s memory right after `event` (None: at the end).
+    pub fn breakdown_at(&self, snapshot: &Snapshot, d: &Device, replay: &Replay, event: Option<u64>) -> Breakdown {
+        match event {
+            Some(e) => self.breakdown(snapshot, &replay.state_at(snapshot, Some(e as usize)), Moment::Event, event),
+            None => {
+                let last = snapshot.device_events(d).len().checked_sub(1).map(|e| e as u64);
+                self.breakdown(snapshot, &replay.end_state(d), Moment::Final, last)
+            }
+        }
+    }
 }
 
 /// The states the breakdowns need, caught during the forward pass rather than replayed again:

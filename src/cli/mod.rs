@@ -4,6 +4,7 @@
 //! 1 anything else.
 
 mod compare;
+mod mcp;
 mod report;
 mod segmap;
 
@@ -99,6 +100,9 @@ pub enum Command {
         #[arg(long, value_parser = parse_device)]
         device: Option<i64>,
     },
+    /// Serve the commands above to a coding agent: a Model Context Protocol server on
+    /// stdin/stdout (tools: analyze, state, breakdown, simulate, compare).
+    Mcp,
 }
 
 /// A device as people write it: `cuda:1`, `1`.
@@ -111,6 +115,13 @@ fn parse_device(s: &str) -> Result<i64, String> {
 pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(config) => serve(config),
+        Command::Mcp => match mcp::run() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("fragscope mcp: {e}");
+                ExitCode::from(1)
+            }
+        },
         Command::Analyze { file, json, capacity, device_total } => match analyze(&file, json, capacity, device_total) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&file, e),

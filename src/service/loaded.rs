@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use crate::analysis::breakdown::{Breakdown, Moment};
+use crate::analysis::breakdown::Breakdown;
 use crate::analysis::{self, Depth, map};
 use crate::ingest;
 use crate::replay::Replay;
@@ -41,31 +41,14 @@ impl Entry {
     /// Device `i`'s segment map right after `event` (None: the final `segments`), each live
     /// block with what it holds.
     pub fn segment_map(&self, i: usize, event: Option<u64>) -> map::SegmentMap {
-        let (snapshot, d) = (&self.snapshot, &self.snapshot.devices[i]);
-        let (replay, index) = (&self.replays[i], &self.indexes[i]);
-        match event {
-            Some(e) => {
-                let state = replay.state_at(snapshot, Some(e as usize));
-                map::segment_map(snapshot, d.device, event, &state, |b| Some(index.labels.of(b)))
-            }
-            None => {
-                let state = crate::replay::final_state(d);
-                map::segment_map(snapshot, d.device, None, &state, |b| index.category_at_end(replay, b.address))
-            }
-        }
+        let d = &self.snapshot.devices[i];
+        self.indexes[i].segment_map_at(&self.snapshot, d, &self.replays[i], event)
     }
 
     /// What fills device `i`'s memory right after `event` (None: at the end).
     pub fn breakdown(&self, i: usize, event: Option<u64>) -> Breakdown {
-        let (snapshot, replay, index) = (&self.snapshot, &self.replays[i], &self.indexes[i]);
-        match event {
-            Some(e) => index.breakdown(snapshot, &replay.state_at(snapshot, Some(e as usize)), Moment::Event, event),
-            None => {
-                let d = &snapshot.devices[i];
-                let last = snapshot.device_events(d).len().checked_sub(1).map(|e| e as u64);
-                index.breakdown(snapshot, &replay.end_state(d), Moment::Final, last)
-            }
-        }
+        let d = &self.snapshot.devices[i];
+        self.indexes[i].breakdown_at(&self.snapshot, d, &self.replays[i], event)
     }
 }
 

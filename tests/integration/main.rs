@@ -17,6 +17,7 @@ mod hardening;
 mod hostile;
 mod js;
 mod layering;
+mod mcp;
 mod need;
 mod notebook;
 mod python_client;
