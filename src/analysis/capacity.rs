@@ -8,7 +8,7 @@
 //! largest moment after the change, in reserved bytes as the budget is (allocated plus the
 //! allocator's usual cache). It fixes the run when that fits the budget (after a near miss:
 //! gets back under [`HEADROOM`] of it), helps when it saves memory but not enough:
-//! - `fix_leak`: all bytes the growing call sites keep.
+//! - `fix_leak`: all bytes the growing call sites keep, one remedy for all of them.
 //! - `activation_checkpointing`: each call of the repeated layer keeps only its input, and one
 //!   layer's activations are made again at a time; without a repeated layer found, half.
 //! - `smaller_batch`: activations and the other batch-sized memory shrink with the micro-batch:
@@ -117,9 +117,9 @@ pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
     let at = f.need.model.at_peak();
     let moment = if f.request.is_some() { "at the step's projected peak" } else { "at the peak" };
     let mut out = Vec::new();
-    for g in f.growth {
-        let (code, why) = leak_words(g);
-        out.extend(f.weigh(RemedyKind::FixLeak, Change { less: g.live_bytes, ..Change::NONE }, code, why));
+    // One remedy for every call site that grows: they are one loop's leak, stopped together.
+    if let Some((code, why, live)) = leak_words(f.growth) {
+        out.extend(f.weigh(RemedyKind::FixLeak, Change { less: live, ..Change::NONE }, code, why));
     }
     if f.inference {
         out.extend(super::inference::remedies(f, &at, moment));
@@ -140,37 +140,46 @@ pub fn remedies(f: &Facts) -> (Vec<Remedy>, Option<String>) {
 }
 
 /// A leak's remedy in words: the code that stops it and why, with its cause where known.
-fn leak_words(g: &Growth) -> (String, String) {
-    let site = g.call_site.as_ref().map(|s| s.to_string()).unwrap_or_else(|| "an unknown call site".into());
-    let code = match g.cause {
-        Some(c) => format!("# at {site}:\n{}", c.code()),
-        None => {
-            format!("# at {site}: keep what you need as a Python number or on the CPU (.item(), .cpu()), or drop it")
-        }
+fn leak_words(growth: &[Growth]) -> Option<(String, String, u64)> {
+    // Sorted by live bytes: the first is the leak; the others grow with it (the same loop).
+    let first = growth.first()?;
+    let site =
+        |g: &Growth| g.call_site.as_ref().map(|s| s.to_string()).unwrap_or_else(|| "an unknown call site".into());
+    let code = match first.cause {
+        Some(c) => format!("# at {}:\n{}", site(first), c.code()),
+        None => format!(
+            "# at {}: keep what you need as a Python number or on the CPU (.item(), .cpu()), or drop it",
+            site(first)
+        ),
     };
-    let cause = g.cause.map(|c| format!(" Why: {}.", c.says())).unwrap_or_default();
-    let why = format!(
-        "{site} keeps {} more every step ({} steps so far, {} blocks never freed): memory grows until it runs out.{cause}",
-        bytes(g.bytes_per_step),
-        g.steps,
-        g.blocks
-    );
-    (code, why)
+    let sites: Vec<String> = growth
+        .iter()
+        .map(|g| {
+            format!(
+                "{} keeps {} more every step ({} steps so far, {} blocks never freed)",
+                site(g),
+                bytes(g.bytes_per_step),
+                g.steps,
+                g.blocks
+            )
+        })
+        .collect();
+    let cause = first.cause.map(|c| format!(" Why: {}.", c.says())).unwrap_or_default();
+    let why = format!("{}: memory grows until it runs out.{cause}", sites.join("; "));
+    Some((code, why, growth.iter().map(|g| g.live_bytes).sum()))
 }
 
-/// The leaks' remedies where no budget weighed them (no OOM yet, no `--capacity`): each still
-/// says what keeps the memory and how to stop it.
+/// The leak's remedy where no budget weighed it (no OOM yet, no `--capacity`): it still says
+/// what keeps the memory and how to stop it.
 pub fn unweighed_leaks(growth: &[Growth], diagnosis: &mut super::advice::Diagnosis) {
     if diagnosis.remedies.iter().any(|r| r.kind == RemedyKind::FixLeak) {
         return;
     }
-    let leaks = growth.iter().map(|g| {
-        let (code, why) = leak_words(g);
+    if let Some((code, why, live)) = leak_words(growth) {
         let mut r = Remedy::new(RemedyKind::FixLeak, true, code, why);
-        r.fit.saves_bytes = Some(g.live_bytes);
-        r
-    });
-    diagnosis.remedies.extend(leaks);
+        r.fit.saves_bytes = Some(live);
+        diagnosis.remedies.push(r);
+    }
 }
 
 /// Remedies for a training step: fewer activations, optimizer state or kept gradients, or a

@@ -519,3 +519,24 @@ fn the_page_heads_a_growing_run_with_its_growth() {
     assert!(page[..head].contains("verdict warn"), "not marked as a warning");
     assert!(!page.contains("No OOM in this trace"));
 }
+
+/// Two call sites of one loop grow (the kept graph and the batch it holds): one "Stop the
+/// leak", naming both, with or without a budget.
+#[test]
+fn one_leak_gets_one_remedy_naming_every_site_that_grows() {
+    for capacity in [None, Some(20u64 << 30)] {
+        let a = match capacity {
+            Some(c) => analyze_with_capacity("leak_retained_graph", c),
+            None => analyze_json(&path("leak_retained_graph")),
+        };
+        let d = &a["devices"][0];
+        assert!(d["growth"].as_array().unwrap().len() >= 2, "{}", d["growth"]);
+        let fixes: Vec<&Value> =
+            d["diagnosis"]["remedies"].as_array().unwrap().iter().filter(|r| r["kind"] == "fix_leak").collect();
+        assert_eq!(fixes.len(), 1, "{capacity:?}: {fixes:?}");
+        for g in d["growth"].as_array().unwrap() {
+            let line = format!(":{}", g["call_site"]["line"]);
+            assert!(fixes[0]["why"].as_str().unwrap().contains(&line), "{line} not named: {}", fixes[0]["why"]);
+        }
+    }
+}
