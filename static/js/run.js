@@ -2,7 +2,7 @@
 // sortable, each opening its rank's page; the ranks' curves overlaid, or small multiples.
 
 import { bytes } from "./data/format.js";
-import { decodeCurves, sortRanks } from "./data/curves.js";
+import { curveAt, decodeCurves, rankColor, sortRanks } from "./data/curves.js";
 import { categoryColor } from "./data/colors.js";
 import { drawCurves } from "./draw/curves.js";
 
@@ -139,9 +139,30 @@ async function drawAll() {
     curves = decodeCurves(await res.arrayBuffer());
     curvesFor = key;
   }
-  const style = (i) => (run.ranks[i].oom ? "#b3261e" : `hsl(${(i * 47) % 360} 35% 50% / 0.8)`);
-  drawCurves(canvas, curves, style, (i) => `rank ${run.ranks[i].rank}`);
+  const style = (i) => rankColor(i, run.ranks[i].oom);
+  curvesLayout = drawCurves(canvas, curves, style, (i) => `rank ${run.ranks[i].rank}`);
+  // Overlaid curves get a legend naming each rank (small multiples carry their own labels).
+  const legend = document.getElementById("curves-legend");
+  legend.replaceChildren(
+    ...(curvesLayout.overlay ? run.ranks : []).map((r, i) => {
+      const item = document.createElement("span");
+      const key = document.createElement("i");
+      key.style.background = style(i);
+      item.append(key, `rank ${r.rank}${r.oom ? " (OOM)" : ""}`);
+      return item;
+    }),
+  );
 }
+
+// Hover names the rank under the pointer and its reserved bytes there.
+let curvesLayout = null;
+canvas.addEventListener("mousemove", (ev) => {
+  if (!curves || !curvesLayout) return;
+  const box = canvas.getBoundingClientRect();
+  const hit = curveAt(curves, curvesLayout, box.width, box.height, ev.clientX - box.left, ev.clientY - box.top);
+  const r = hit && run.ranks[hit.index];
+  canvas.title = r ? `rank ${r.rank}${r.oom ? " (OOM)" : ""}: ${hit.value == null ? "not analysed" : bytes(hit.value) + " reserved"}` : "";
+});
 
 async function refresh() {
   const res = await fetch(`/api/v1/runs/${id}`);

@@ -57,9 +57,25 @@ fn several_files_dropped_together_are_one_run_and_land_on_its_page() {
         assert!(head.as_str().unwrap().contains("Rank 1 ran out of memory: capacity"), "{head}");
         assert!(!head.as_str().unwrap().contains("OOM: "), "the headline says it once: {head}");
         // The run page's legend keys are its bars' colours, not the snapshot page's.
-        let keys = js(&c, "return [...document.querySelectorAll('.legend i')].map(i => getComputedStyle(i).backgroundColor)").await;
+        let keys = js(&c, "return [...document.querySelectorAll('.legend i[class^=\"k-run\"]')].map(i => getComputedStyle(i).backgroundColor)").await;
         let bars = js(&c, "return ['.bar.reserved', '.bar.allocated'].map(s => getComputedStyle(document.querySelector(s)).backgroundColor)").await;
         assert_eq!(keys, bars, "legend {keys} against bars {bars}");
+        // The overlaid curves have a legend naming each rank, the healthy one not in red, and
+        // hovering a curve names its rank.
+        let legend = js(&c, "return [...document.querySelectorAll('#curves-legend span')].map(s => [s.textContent, getComputedStyle(s.querySelector('i')).backgroundColor])").await;
+        assert_eq!(legend[0][0], "rank 0", "{legend}");
+        assert_eq!(legend[1][0], "rank 1 (OOM)", "{legend}");
+        let healthy = legend[0][1].as_str().unwrap().to_string();
+        let rgb: Vec<f64> = healthy
+            .trim_start_matches(|c: char| !c.is_ascii_digit())
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter(|x| !x.is_empty())
+            .take(3)
+            .map(|x| x.parse().unwrap())
+            .collect();
+        assert!(!(rgb[0] > rgb[1] + 40.0 && rgb[0] > rgb[2] + 40.0), "a healthy rank drawn red: {healthy}");
+        let title = js(&c, "const cv = document.getElementById('curves'); const b = cv.getBoundingClientRect(); cv.dispatchEvent(new MouseEvent('mousemove', {clientX: b.left + b.width / 2, clientY: b.top + b.height / 2, bubbles: true})); return cv.title").await;
+        assert!(title.as_str().unwrap().starts_with("rank "), "{title}");
         // A click on a row opens its rank's page, which can delete it.
         c.execute("document.querySelector('#ranks tr[data-rank=\"1\"] td').click()", vec![]).await.unwrap();
         wait_for(&c, "return location.pathname.startsWith('/s/')").await;

@@ -131,7 +131,7 @@ test("colouring by what blocks hold is kept in the fragment, and every category 
   assert.equal(categoryColor(undefined), CATEGORY_COLORS.unknown);
 });
 
-import { decodeCurves, curvesMax, grid, sortRanks } from "../../static/js/data/curves.js";
+import { decodeCurves, curvesMax, grid, sortRanks, rankColor, curveAt } from "../../static/js/data/curves.js";
 
 test("curves decode per snapshot, with not-ready ones marked", () => {
   const points = 3;
@@ -180,4 +180,25 @@ test("the first view fills the fragment's gaps, and its requests are the same UR
   assert.match(activeUrl(api, 0, [5, 9], 5000, "category"), /points=1000&top=8&by=category$/);
   // The chart follows the map's colouring: by category, else by call site.
   assert.deepEqual([activeBy("category"), activeBy("site"), activeBy(null)], ["category", "site", "site"]);
+});
+
+test("healthy ranks are never red, and the pointer finds the nearest curve and its rank", () => {
+  for (let i = 0; i < 64; i++) {
+    const hue = Number(/hsl\((\d+)/.exec(rankColor(i, false))[1]);
+    assert.ok(hue >= 90 && hue <= 300, `rank ${i}: hue ${hue} is red-ish`);
+  }
+  assert.equal(rankColor(3, true), "#b3261e");
+  const points = 3;
+  const buf = new ArrayBuffer(8 + 2 * points * 8);
+  const head = new DataView(buf);
+  head.setUint32(0, 2, true);
+  head.setUint32(4, points, true);
+  new Float32Array(buf, 8, points).set([10, 10, 10]);
+  new Float32Array(buf, 8 + points * 8, points).set([100, 100, 100]);
+  const d = decodeCurves(buf);
+  const layout = grid(2, 600);
+  // 600 x 260, padding 64/8/8/18: the top curve (100, the max) at y = 8, the low one near 234.
+  assert.deepEqual(curveAt(d, layout, 600, 260, 300, 10), { index: 1, value: 100 });
+  assert.deepEqual(curveAt(d, layout, 600, 260, 300, 230), { index: 0, value: 10 });
+  assert.equal(curveAt(d, layout, 600, 260, 10, 100), null, "left of the chart");
 });

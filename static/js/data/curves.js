@@ -40,3 +40,44 @@ export function sortRanks(ranks, by) {
   else copy.sort((a, b) => a.rank - b.rank);
   return copy;
 }
+
+/** The overlaid chart's padding, shared by drawing and hit testing. */
+export const OVERLAY_PAD = { l: 64, r: 8, t: 8, b: 18 };
+
+/** A rank's colour: red only for a rank that ran out of memory; the others take hues from
+ *  green to violet, never red, so that "OOM ranks in red" holds. */
+export function rankColor(i, oom) {
+  return oom ? "#b3261e" : `hsl(${100 + ((i * 47) % 200)} 45% 42% / 0.85)`;
+}
+
+/**
+ * The curve under a point of a chart `w` x `h` drawn by drawCurves with `layout`: its index
+ * and the value there, or null. Overlaid: the ready curve nearest the point at its x; small
+ * multiples: the cell's curve.
+ */
+export function curveAt(decoded, layout, w, h, x, y) {
+  const n = decoded.points;
+  if (!n) return null;
+  if (layout.overlay) {
+    const p = OVERLAY_PAD;
+    const cw = w - p.l - p.r;
+    const ch = h - p.t - p.b;
+    if (x < p.l || x > w - p.r || cw <= 0 || ch <= 0) return null;
+    const k = Math.round(((x - p.l) / cw) * (n - 1));
+    const max = curvesMax(decoded) || 1;
+    let best = null;
+    decoded.curves.forEach((c, i) => {
+      if (!c.ready) return;
+      const cy = p.t + ch - (c.reserved[k] / max) * ch;
+      const d = Math.abs(cy - y);
+      if (best === null || d < best.d) best = { index: i, value: c.reserved[k], d };
+    });
+    return best && { index: best.index, value: best.value };
+  }
+  const cellW = w / layout.cols;
+  const i = Math.floor(y / 90) * layout.cols + Math.floor(x / cellW);
+  const c = decoded.curves[i];
+  if (!c) return null;
+  const k = Math.max(0, Math.min(n - 1, Math.round(((x - (i % layout.cols) * cellW - 6) / (cellW - 12)) * (n - 1))));
+  return { index: i, value: c.ready ? c.reserved[k] : null };
+}

@@ -3,7 +3,7 @@
 
 import { fit } from "./canvas.js";
 import { bytes } from "../data/format.js";
-import { curvesMax, grid } from "../data/curves.js";
+import { curvesMax, grid, OVERLAY_PAD } from "../data/curves.js";
 
 function path(ctx, values, x0, y0, w, h, max) {
   ctx.beginPath();
@@ -28,7 +28,7 @@ export function drawCurves(canvas, decoded, style, label, allocated = false) {
   const max = curvesMax(decoded) || 1;
   ctx.font = "11px system-ui, sans-serif";
   if (layout.overlay) {
-    const pad = { l: 64, r: 8, t: 8, b: 18 };
+    const pad = OVERLAY_PAD;
     ctx.fillStyle = "#667";
     ctx.fillText(bytes(max), 4, pad.t + 8);
     ctx.fillText("0", 4, h - pad.b);
