@@ -13,7 +13,13 @@ use std::time::{Duration, Instant};
 /// Says that a test skipped and why, on the terminal (not captured by libtest).
 fn skipped(why: &str) {
     use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "skipped: {why}");
+    let test = std::thread::current().name().unwrap_or("a test").to_string();
+    let _ = writeln!(std::io::stderr(), "skipped: {test}: {why}");
+    // As util::note_skip (this file is also part of the load bench, which has no util).
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/skipped-tests.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(file) {
+        let _ = writeln!(f, "{test}: {why}");
+    }
 }
 
 fn free_port() -> u16 {

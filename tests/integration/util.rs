@@ -50,8 +50,20 @@ pub fn truth(name: &str) -> serde_json::Value {
 /// Says that a test skipped and why, on the terminal: libtest captures `eprintln!`, which
 /// would make the skip silent; a write to the stderr handle is not captured.
 pub fn skipped(why: &str) {
+    note_skip(why);
+}
+
+/// Says on stderr that a test did not run and why, and adds it to `target/skipped-tests.txt`,
+/// which `.ci/test` prints after the suite: a test that skipped must not read as one that
+/// passed.
+pub fn note_skip(why: &str) {
     use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "skipped: {why}");
+    let test = std::thread::current().name().unwrap_or("a test").to_string();
+    let _ = writeln!(std::io::stderr(), "skipped: {test}: {why}");
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/skipped-tests.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(file) {
+        let _ = writeln!(f, "{test}: {why}");
+    }
 }
 
 pub fn bin() -> &'static str {
