@@ -38,7 +38,7 @@ fn median(cmd: impl Fn() -> Command) -> Measure {
 
 #[path = "common.rs"]
 mod common;
-use common::{big_trace, big_trace_xl, verdict};
+use common::{big_trace, big_trace_xl, machine, verdict};
 
 /// #17's targets for `analyze --json` on big_trace, in seconds; on a snapshot of another size
 /// the wall-time target scales with it.
@@ -55,6 +55,7 @@ fn main() {
         println!("big_trace.pickle.xz not found beside the checkout; set FRAGSCOPE_BIG_TRACE to a snapshot");
         return;
     };
+    println!("{}", machine());
     against_pickle(&snapshot);
     match big_trace_xl() {
         Some(xl) => against_pickle(&xl),

@@ -21,6 +21,7 @@ fn main() {
         println!("big_trace.pickle.xz not found beside the checkout; set FRAGSCOPE_BIG_TRACE to a snapshot");
         return;
     };
+    println!("{}", common::machine());
     if !std::path::Path::new("/usr/bin/chromedriver").exists() {
         println!("Debian's chromium and chromium-driver are not installed (apt-get install chromium chromium-driver)");
         return;

@@ -64,3 +64,28 @@ pub fn wait_ready(http: &reqwest::blocking::Client, base: &str, id: &str, poll: 
         std::thread::sleep(poll);
     }
 }
+
+/// The machine a bench ran on, printed above its figures (#33: a figure is the machine's as
+/// much as the code's): the CPU model, the cores this process may use, and how busy the
+/// machine was over the last minute before the bench (a second core taken by something else
+/// halves what the parse and the hash can share).
+pub fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|m| m.trim().to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    let busy = if load >= 0.5 {
+        format!("busy: load {load:.2} over the last minute")
+    } else {
+        format!("idle (load {load:.2})")
+    };
+    format!("machine: {model}, {cores} cores available, {busy}")
+}

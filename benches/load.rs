@@ -51,6 +51,7 @@ fn main() {
         println!("big_trace.pickle.xz not found beside the checkout; set FRAGSCOPE_BIG_TRACE");
         return;
     };
+    println!("{}", common::machine());
     let size = std::fs::metadata(&snapshot).unwrap().len();
     let data = tempfile::tempdir().unwrap();
     let args: Vec<String> = std::env::args().collect();
