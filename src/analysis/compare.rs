@@ -27,7 +27,7 @@ impl Pair {
 }
 
 /// A value of both snapshots that has no difference, only sameness.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Both<T> {
     /// In the first snapshot.
     pub a: T,
@@ -72,6 +72,17 @@ pub struct DeviceComparison {
     pub call_sites: Vec<SiteChange>,
     /// Bytes by category at each one's first OOM, else its peak.
     pub categories: BTreeMap<String, Pair>,
+    /// Steps each ran (an OOM's cut-off step counts).
+    #[serde(default)]
+    pub steps: Both<u64>,
+    /// Where both have steps: the highest step peak of allocated bytes within the steps both
+    /// reached, so that a run that went further is not read as needing more.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub shared_steps_peak_allocated_bytes: Option<Pair>,
+    /// Said when they ran different numbers of steps: the totals compare runs of different
+    /// lengths ("b ran 8 steps, a died in step 6").
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub steps_note: Option<String>,
 }
 
 /// The allocator settings of both, and the keys whose values differ.
@@ -124,7 +135,33 @@ fn device(a: &DeviceAnalysis, b: &DeviceAnalysis) -> DeviceComparison {
         pinned_free_bytes: Pair::new(pinned_free_bytes(a), pinned_free_bytes(b)),
         call_sites: call_sites(a, b),
         categories: categories(a, b),
+        steps: Both { a: a.memory.steps.len() as u64, b: b.memory.steps.len() as u64 },
+        shared_steps_peak_allocated_bytes: shared_steps_peak(a, b),
+        steps_note: steps_note(a, b),
     }
+}
+
+/// The highest step peak within the steps both runs reached.
+fn shared_steps_peak(a: &DeviceAnalysis, b: &DeviceAnalysis) -> Option<Pair> {
+    let k = a.memory.steps.len().min(b.memory.steps.len());
+    let peak = |d: &DeviceAnalysis| d.memory.steps[..k].iter().map(|s| s.peak_allocated_bytes).max();
+    Some(Pair::new(peak(a)?, peak(b)?))
+}
+
+fn steps_note(a: &DeviceAnalysis, b: &DeviceAnalysis) -> Option<String> {
+    let (na, nb) = (a.memory.steps.len(), b.memory.steps.len());
+    if na == nb || na == 0 || nb == 0 {
+        return None;
+    }
+    let ran = |side: &str, n: usize, d: &DeviceAnalysis| {
+        if d.ooms.is_empty() { format!("{side} ran {n} steps") } else { format!("{side} died in step {n}") }
+    };
+    Some(format!(
+        "{}, {}: the totals compare runs of different lengths; within the {} steps both reached, the highest step peaks are compared apart",
+        ran("a", na, a),
+        ran("b", nb, b),
+        na.min(nb)
+    ))
 }
 
 /// Bytes per call site at the peak (the sites the analysis kept, the top ones).

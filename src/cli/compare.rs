@@ -46,6 +46,12 @@ fn write_text(out: &mut impl Write, a: &Path, b: &Path, c: &Comparison) -> std::
         writeln!(out, "\n{dev}")?;
         let oom = |o: bool| if o { "OOM" } else { "no OOM" };
         writeln!(out, "  verdict:         {} ({}) -> {} ({})", d.verdict.a, oom(d.oom.a), d.verdict.b, oom(d.oom.b))?;
+        if let Some(note) = &d.steps_note {
+            writeln!(out, "  {note}")?;
+            if let Some(p) = &d.shared_steps_peak_allocated_bytes {
+                writeln!(out, "  highest step peak (allocated), steps both reached: {}", change(p))?;
+            }
+        }
         writeln!(out, "  peak reserved:   {}", change(&d.peak_reserved_bytes))?;
         writeln!(out, "  peak allocated:  {}", change(&d.peak_allocated_bytes))?;
         writeln!(out, "  final reserved:  {}", change(&d.final_reserved_bytes))?;

@@ -52,13 +52,28 @@ function device(d) {
     const tag = el("span", side, `side-${side}`);
     const h = el("h3");
     h.append(tag, ` ${words[d.verdict[side]] || d.verdict[side]}`);
-    v.append(h, el("p", `peak reserved ${bytes(d.peak_reserved_bytes[side])}`));
+    const steps = d.steps && d.steps[side] ? `, ${d.steps[side]} steps` : "";
+    v.append(h, el("p", `peak reserved ${bytes(d.peak_reserved_bytes[side])}${steps}`));
     sides.append(v);
   }
   s.append(sides);
+  // Runs of different lengths: said beside the totals, and their step peaks compared where
+  // both ran.
+  if (d.steps_note) s.append(el("p", d.steps_note[0].toUpperCase() + d.steps_note.slice(1) + ".", "hint steps-note"));
+  const heading = (text) => {
+    const tr = el("tr", null, "heading");
+    const th = el("th", text);
+    th.colSpan = 4;
+    tr.append(th);
+    return tr;
+  };
+  const shared = d.shared_steps_peak_allocated_bytes;
   const numbers = [
+    heading("Totals"),
     row("peak reserved", d.peak_reserved_bytes), row("peak allocated", d.peak_allocated_bytes),
+    ...(shared && d.steps_note ? [row(`highest step peak, first ${Math.min(d.steps.a, d.steps.b)} steps`, shared)] : []),
     row("final reserved", d.final_reserved_bytes), row("pinned free", d.pinned_free_bytes),
+    heading("What fills memory, by category (at the OOM, else the peak)"),
     ...Object.entries(d.categories).map(([k, p]) => row(k.replace("_", " "), p)),
   ];
   s.append(table(["", "a", "b", "change"], numbers));

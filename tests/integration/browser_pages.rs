@@ -40,3 +40,45 @@ fn what_fills_memory_is_full_width_the_legend_matches_the_chart_and_an_edited_fr
         c.close().await.unwrap();
     });
 }
+
+/// Two runs of different lengths (rank 0 ran its steps, rank 1 died early): the compare page
+/// says so beside the totals, compares the step peaks both reached, and heads the category rows.
+#[test]
+fn a_comparison_of_runs_of_different_lengths_says_so() {
+    let Some(d) = driver() else { return };
+    let server = TestServer::start(&[]);
+    let ids: Vec<String> = ["ranks3_rank0", "ranks3_rank1"]
+        .iter()
+        .map(|n| {
+            let id = server.upload(&fixtures().join(format!("categories/{n}.pickle.zst")))["id"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            assert_eq!(server.wait_done(&id)["status"], "ready");
+            id
+        })
+        .collect();
+    let api = server.get_json(&format!("/api/v1/compare?a={}&b={}", ids[0], ids[1]));
+    let dev = &api["devices"][0];
+    let (sa, sb) = (dev["steps"]["a"].as_u64().unwrap(), dev["steps"]["b"].as_u64().unwrap());
+    assert!(sa > sb && sb > 0, "{}", dev["steps"]);
+    runtime().block_on(async {
+        let c = browser(&d).await;
+        c.goto(&server.url(&format!("/compare/{}/{}", ids[0], ids[1]))).await.unwrap();
+        let mut note = json!(null);
+        for _ in 0..200 {
+            note = js(&c, "const n = document.querySelector('.steps-note'); return n && n.textContent").await;
+            if note.is_string() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let note = note.as_str().expect("no note on runs of different lengths").to_string();
+        assert!(note.contains(&format!("ran {sa} steps")) && note.contains(&format!("died in step {sb}")), "{note}");
+        let rows = js(&c, "return [...document.querySelectorAll('tr.heading, tr')].map(r => r.textContent)").await;
+        let rows: Vec<String> = rows.as_array().unwrap().iter().map(|r| r.as_str().unwrap().to_string()).collect();
+        assert!(rows.iter().any(|r| r.starts_with(&format!("highest step peak, first {sb} steps"))), "{rows:?}");
+        assert!(rows.iter().any(|r| r.starts_with("What fills memory, by category")), "{rows:?}");
+        c.close().await.unwrap();
+    });
+}
