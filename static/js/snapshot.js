@@ -133,6 +133,7 @@ function ready() {
     if (state.event !== e) return;
     label.textContent = eventLabel(e, events(), m.event_info);
     map.setMap(m);
+    if (m.totals) timeline.setAt(e, m.totals);
     loadPinners(e);
   }
 

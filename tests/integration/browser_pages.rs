@@ -37,6 +37,18 @@ fn what_fills_memory_is_full_width_the_legend_matches_the_chart_and_an_edited_fr
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert!(label.as_str().unwrap().starts_with("After event 2 "), "{label}");
+        // The cursor's label gives the value at the event (the map's totals), not the maximum
+        // of the pixel's bucket; the pixel's range is said apart.
+        let mut cursor = json!(null);
+        for _ in 0..100 {
+            cursor = js(&c, "return document.getElementById('timeline').dataset.cursorLabel || null").await;
+            if cursor.as_str().is_some_and(|l| l.starts_with("2: reserved ")) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let cursor = cursor.as_str().unwrap_or_default().to_string();
+        assert!(cursor.starts_with("2: reserved ") && cursor.contains("(this pixel: allocated"), "{cursor}");
         c.close().await.unwrap();
     });
 }

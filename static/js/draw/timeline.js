@@ -46,6 +46,12 @@ export class Timeline {
     this.draw();
   }
 
+  /** The exact totals right after `event` (the segment map's), for the cursor's label. */
+  setAt(event, totals) {
+    this.at = { event, reserved: totals.reserved_bytes, allocated: totals.allocated_bytes };
+    this.draw();
+  }
+
   xOf(event) {
     const w = this.canvas.clientWidth - PAD.l - PAD.r;
     const span = Math.max(1, this.tl.end - this.tl.start);
@@ -128,8 +134,15 @@ export class Timeline {
       ctx.moveTo(x, PAD.t - 4);
       ctx.lineTo(x, h - PAD.b);
       ctx.stroke();
+      // The value at the event itself (from the map's state), and the pixel's range apart:
+      // a bucket's maximum is not what the event held.
       const b = bucketOf(tl, this.cursor);
-      const label = `${this.cursor}: reserved ${bytes(tl.max.reserved_bytes[b])}, allocated ${bytes(tl.max.allocated_bytes[b])}`;
+      const range = (k) => (tl.min[k][b] === tl.max[k][b] ? bytes(tl.max[k][b]) : `${bytes(tl.min[k][b])}–${bytes(tl.max[k][b])}`);
+      const exact = this.at && this.at.event === this.cursor;
+      const label = exact
+        ? `${this.cursor}: reserved ${bytes(this.at.reserved)}, allocated ${bytes(this.at.allocated)} (this pixel: allocated ${range("allocated_bytes")})`
+        : `${this.cursor}: this pixel reserved ${range("reserved_bytes")}, allocated ${range("allocated_bytes")}`;
+      this.canvas.dataset.cursorLabel = label;
       // On a white plate, below the OOM labels: the bars and the cursor never strike through it.
       const lw = ctx.measureText(label).width;
       const lx = Math.min(x + 4, w - lw - 4);
