@@ -260,6 +260,8 @@ fn expandable(f: &Facts, fragmented: bool) -> Remedy {
     let setting = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True".to_string();
     let (applies, why) = if f.rules.expandable_segments {
         (false, "Expandable segments are already on.".to_string())
+    } else if !fragmented && f.ooms.is_empty() {
+        (false, "Little free memory is pinned here: there is no fragmentation for it to undo.".to_string())
     } else if !fragmented {
         (
             false,
@@ -297,7 +299,12 @@ fn stuck_in_pages(address: u64, size: u64) -> u64 {
 
 fn mempool(f: &Facts, fragmented: bool, pinner: Option<&CallSite>) -> Remedy {
     let Some((Some(site), size)) = f.big.clone() else {
-        let why = "The trace does not say where the big blocks were allocated (no frames recorded).";
+        let why = match f.big {
+            Some((None, _)) => {
+                "The big blocks carry no frames of their own (no stack recorded for them), so there is no call site to give a pool."
+            }
+            _ => "No large allocation stands out to give a pool of its own.",
+        };
         return Remedy::new(RemedyKind::Mempool, false, String::new(), why.to_string());
     };
     let code = format!(
@@ -359,7 +366,7 @@ fn reuse(f: &Facts, fragmented: bool) -> Remedy {
     let Some((site, size)) = f.big.clone() else {
         return Remedy::new(RemedyKind::ReuseBuffer, false, String::new(), "No big allocation to reuse.".into());
     };
-    let place = site.as_ref().map(|s| format!("{s}")).unwrap_or_else(|| "the big allocation".into());
+    let place = site.as_ref().map(|s| format!("{s}")).unwrap_or_else(|| "The big allocation's call site".into());
     let code = format!(
         "buf = torch.empty({size}, dtype=torch.uint8, device=\"cuda\")  # once, {}\nx = buf[:{size}].view(dtype).view(shape)  # or torch.op(..., out=...)\n# each time, instead of allocating at {place}",
         bytes(size)
@@ -384,7 +391,7 @@ fn reuse(f: &Facts, fragmented: bool) -> Remedy {
         )
     } else {
         let times = match f.big_repeats {
-            0 => "not in the trace (it was made before the trace began)".to_string(),
+            0 => "outside the trace".to_string(),
             1 => "once in the trace".to_string(),
             n => format!("only {n} times in the trace"),
         };

@@ -540,3 +540,20 @@ fn one_leak_gets_one_remedy_naming_every_site_that_grows() {
         }
     }
 }
+
+/// A healthy run's remedies that do not apply say why in its own terms: no "needs less
+/// memory" where nothing ran out, no sentence starting in lower case.
+#[test]
+fn remedies_that_do_not_apply_say_why_in_the_run_s_own_terms() {
+    for name in ["ranks3_rank0", "healthy_shapes", "leak_retained_graph"] {
+        let a = analyze_json(&path(name));
+        for r in a["devices"][0]["diagnosis"]["remedies"].as_array().unwrap() {
+            let why = r["why"].as_str().unwrap();
+            assert!(!why.contains("needs less memory"), "{name} {}: {why}", r["kind"]);
+            // A sentence may start with a call site (`repro/train.py:12 (step) allocated ...`).
+            let first = why.split_whitespace().next().unwrap_or_default();
+            let site = first.contains('/') || first.contains(".py");
+            assert!(site || first.chars().next().is_some_and(|c| !c.is_lowercase()), "{name} {}: {why}", r["kind"]);
+        }
+    }
+}
