@@ -12,7 +12,7 @@ import { bindWhatIf, bindCopy, bindDelete, bindCompare } from "./page/controls.j
 import { renderPinners } from "./page/pinners.js";
 import { Timeline } from "./draw/timeline.js";
 import { drawActive } from "./draw/active.js";
-import { firstView, stateUrl, pinnersUrl, timelineUrl, activeUrl, activeBy } from "./data/requests.js";
+import { firstView, inRange, stateUrl, pinnersUrl, timelineUrl, activeUrl, activeBy } from "./data/requests.js";
 import { take, pageDevices } from "./page/early.js";
 
 const app = document.getElementById("app");
@@ -44,7 +44,10 @@ function ready() {
     onCursor: (e) => setEvent(e),
     onRange: (range) => {
       state.range = range;
+      const before = state.event;
+      inRange(state);
       save();
+      if (state.event !== before) setEvent(state.event);
       loadTimeline();
       loadActive();
     },

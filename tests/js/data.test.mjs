@@ -7,7 +7,7 @@ import { parse, format } from "../../static/js/data/fragment.js";
 import { runs, order, fit, hit, zoom, rowAt, ROW } from "../../static/js/data/layout.js";
 import { siteColor, hash } from "../../static/js/data/colors.js";
 import { bytes, eventLabel } from "../../static/js/data/format.js";
-import { firstView, stateUrl, timelineUrl, activeUrl, activeBy } from "../../static/js/data/requests.js";
+import { firstView, inRange, stateUrl, timelineUrl, activeUrl, activeBy } from "../../static/js/data/requests.js";
 
 function timeline(n, start, end) {
   const v = [n, start, end];
@@ -165,8 +165,12 @@ test("the first view fills the fragment's gaps, and its requests are the same UR
     { device: 2, events: 50, start: 0 },
   ];
   assert.deepEqual([firstView("", devices).device, firstView("", devices).event], [0, 3]);
-  const v = firstView("#d=2&e=49&r=10-20&c=category", devices);
-  assert.deepEqual([v.device, v.event, v.range, v.colour], [2, 49, [10, 20], "category"]);
+  const v = firstView("#d=2&e=15&r=10-20&c=category", devices);
+  assert.deepEqual([v.device, v.event, v.range, v.colour], [2, 15, [10, 20], "category"]);
+  // A cursor outside the zoomed range moves to its nearest edge.
+  assert.equal(firstView("#d=2&e=49&r=10-20", devices).event, 19);
+  assert.equal(firstView("#d=2&e=3&r=10-20", devices).event, 10);
+  assert.equal(inRange({ event: 5, range: null }).event, 5, "no range, no move");
   // An unknown device falls back to the first; an event past the end to the device's start.
   assert.deepEqual([firstView("#d=7&e=100", devices).device, firstView("#d=7&e=100", devices).event], [0, 3]);
   assert.equal(firstView("#d=2&e=50", devices).event, 0);

@@ -11,6 +11,16 @@ export function firstView(hash, devices) {
   if (state.device === null || !ids.includes(state.device)) state.device = ids[0];
   const d = devices.find((x) => x.device === state.device);
   if (d && (state.event === null || state.event >= d.events)) state.event = d.start;
+  return inRange(state);
+}
+
+/** The cursor brought inside a zoomed range (to its nearest edge): a zoom never leaves the
+ *  map showing an event the timeline does not. */
+export function inRange(state) {
+  if (state.range && state.event !== null) {
+    const [start, end] = state.range;
+    state.event = Math.min(Math.max(state.event, start), end - 1);
+  }
   return state;
 }
 
