@@ -215,6 +215,7 @@ fn the_map_draws_the_pinned_gap_hover_shows_frames_the_cursor_moves_the_map_and_
             .unwrap()
             .to_string();
         assert!(text.contains("active_allocated") && text.contains("big_small_step"), "tooltip: {text}");
+        assert!(text.contains("holds: "), "the tooltip names what the block holds: {text}");
         screenshot(&c, "seed-hover").await;
         // The arrow key moves the cursor, and the map follows.
         let tl = c.find(Locator::Css("#timeline")).await.unwrap();

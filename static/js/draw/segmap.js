@@ -169,6 +169,8 @@ export class SegMap {
     const b = p.block;
     lines.push(`${b.state} at ${b.address}`);
     lines.push(`size ${bytes(b.size)}${b.state === "inactive" ? "" : `, requested ${bytes(b.requested_size)}`}`);
+    // What it holds (parameter, activation, KV cache, ...), as the category colouring shows.
+    if (b.category && b.state !== "inactive") lines.push(`holds: ${b.category.replace("_", " ")}`);
     if (b.state === "inactive") lines.push(p.seg.pinned_free_bytes > 0 ? "free, but pinned: this segment holds live blocks" : "free, and the segment can be released");
     if (b.pinned_share > 0) lines.push(`pins ${bytes(b.pinned_share)} of free memory`);
     if (b.alloc_event !== null) lines.push(`allocated at event ${b.alloc_event}`);
