@@ -216,6 +216,8 @@ fn the_map_draws_the_pinned_gap_hover_shows_frames_the_cursor_moves_the_map_and_
             .to_string();
         assert!(text.contains("active_allocated") && text.contains("big_small_step"), "tooltip: {text}");
         assert!(text.contains("holds: "), "the tooltip names what the block holds: {text}");
+        // Every row's label fits its column ("0x7f... 1000.00 Mi" was cut).
+        assert_eq!(js(&c, "return document.getElementById('segmap').dataset.labelsCut").await, json!("0"));
         screenshot(&c, "seed-hover").await;
         // The arrow key moves the cursor, and the map follows.
         let tl = c.find(Locator::Css("#timeline")).await.unwrap();

@@ -107,11 +107,21 @@ export class SegMap {
     this.rows = [];
     ctx.font = "11px ui-monospace, monospace";
     ctx.textBaseline = "middle";
+    // A label that does not fit its column keeps the size whole and shortens the address.
+    const room = LABEL - 8;
+    let cut = 0;
+    const label = (seg) => {
+      const full = `${seg.address} ${bytes(seg.size)}`;
+      if (ctx.measureText(full).width <= room) return full;
+      const short = `…${seg.address.slice(-8)} ${bytes(seg.size)}`;
+      if (ctx.measureText(short).width > room) cut++;
+      return short;
+    };
     for (let r = first; r < Math.min(this.rowOrder.length, first + visible + 1); r++) {
       const seg = this.map.segments[this.rowOrder[r]];
       const y = (r - first) * ROW + 3;
       ctx.fillStyle = "#334";
-      ctx.fillText(`${seg.address} ${bytes(seg.size)}`, 4, y + BAR / 2);
+      ctx.fillText(label(seg), 4, y + BAR / 2);
       const rowRuns = runs(seg, this.view.x0, this.view.bpp, width);
       this.rows.push({ r, seg, runs: rowRuns, y });
       for (const run of rowRuns) this.drawRun(ctx, seg, run, y);
@@ -120,7 +130,9 @@ export class SegMap {
       ctx.lineWidth = 1;
       ctx.strokeRect(LABEL + Math.max(0, -this.view.x0 / this.view.bpp) + 0.5, y + 0.5, Math.max(1, Math.min(width, end)), BAR - 1);
     }
-    // What the browser tests read to find shapes: the geometry of this drawing.
+    // What the browser tests read: labels that still did not fit, and, to find shapes, the
+    // geometry of this drawing.
+    c.dataset.labelsCut = String(cut);
     c.dataset.layout = JSON.stringify({ label: LABEL, row: ROW, bar: BAR, top: 3, x0: this.view.x0, bpp: this.view.bpp, first, order: this.rowOrder.map((i) => this.map.segments[i].address), event: this.map.event });
   }
 
