@@ -109,6 +109,14 @@ impl Facts<'_> {
     pub(super) fn fits(&self, change: &Change) -> bool {
         self.need.peak_with(change).is_some_and(|(_, reserved)| reserved <= self.limit)
     }
+
+    /// For a batch cut into `n` parts: the smallest `n` of 2, 4, 8 that fits (else 2), and the
+    /// largest share of the batch, in percent, that fits (None: not even 1%).
+    pub(super) fn batch_shares(&self) -> (u32, Option<u64>) {
+        let at = |share: f64| Change { batch: share, ..Change::NONE };
+        let n = [2u32, 4, 8].into_iter().find(|n| self.fits(&at(1.0 / *n as f64))).unwrap_or(2);
+        (n, (1..=99u64).rev().find(|p| self.fits(&at(*p as f64 / 100.0))))
+    }
 }
 
 /// The remedies, most saving first, each with its numbers, and a sentence when none alone
@@ -262,9 +270,7 @@ fn checkpointing(f: &Facts, act: u64, moment: &str) -> Option<Remedy> {
 
 fn smaller_batch(f: &Facts, batched: u64, moment: &str) -> Option<Remedy> {
     let at = |share: f64| Change { batch: share, ..Change::NONE };
-    let n = [2u32, 4, 8].into_iter().find(|n| f.fits(&at(1.0 / *n as f64))).unwrap_or(2);
-    // The largest share of the micro-batch that fits, to the percent.
-    let largest = (1..=99).rev().find(|p| f.fits(&at(*p as f64 / 100.0)));
+    let (n, largest) = f.batch_shares();
     let fits = match largest {
         Some(p) => format!(" Up to {p}% of today's micro-batch fits the budget."),
         None => " Even a hundredth of the micro-batch would not fit: the rest of the memory is too much.".into(),

@@ -53,7 +53,7 @@ pub fn remedies(f: &Facts, at: &Mix, moment: &str) -> Vec<Remedy> {
             Change { kv_cache: 2.0 / layers as f64, ..Change::NONE },
             "model.generate(input_ids, cache_implementation=\"offloaded\")\n# or cache_implementation=\"static\": the whole length allocated once, no block copied each token (no less memory)".into(),
             format!(
-                "{} of KV cache over {layers} layers {moment}; offloaded, only the layer computing and the next one's are on the GPU (slower: each token copies the cache over PCIe).",
+                "{} of KV cache over {layers} layers {moment}; offloaded, only the layer computing and the next one's are on the GPU (counted so here; slower: each token copies the cache over PCIe).",
                 bytes(at.kv_cache)
             ),
         ));
@@ -73,8 +73,7 @@ pub fn remedies(f: &Facts, at: &Mix, moment: &str) -> Vec<Remedy> {
 
 fn fewer_sequences(f: &Facts, at: &Mix, moment: &str) -> Option<Remedy> {
     let change = |share: f64| Change { batch: share, ..Change::NONE };
-    let n = [2u32, 4, 8].into_iter().find(|n| f.fits(&change(1.0 / *n as f64))).unwrap_or(2);
-    let largest = (1..=99).rev().find(|p| f.fits(&change(*p as f64 / 100.0)));
+    let (n, largest) = f.batch_shares();
     let sequences = f.kv.and_then(|k| k.sequences);
     let fits = match (largest, sequences) {
         (Some(p), Some(s)) => {

@@ -63,11 +63,6 @@ impl Stacks {
     pub fn contains(&self, stack: StackId) -> bool {
         self.growing.contains_key(&stack) || self.by_frames.contains(&stack)
     }
-
-    /// No cache found.
-    pub fn is_empty(&self) -> bool {
-        self.growing.is_empty() && self.by_frames.is_empty()
-    }
 }
 
 /// Follows one stack's allocation sizes.

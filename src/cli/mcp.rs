@@ -193,7 +193,13 @@ impl Server {
         description = "Why a PyTorch CUDA memory snapshot ran out of memory: the verdict (fragmentation, capacity, no OOM), what the step needed against the budget, what fills memory by category and call site, any growth (leak), and the remedies with their predicted effect. The same JSON as fragscope's REST API analysis."
     )]
     async fn analyze(&self, Parameters(a): Parameters<AnalyzeArgs>) -> Result<CallToolResult, ErrorData> {
+        let me = self.clone();
         Ok(blocking(move || {
+            // Without a budget or device total, the analysis kept for state and breakdown is
+            // this one: the agent's usual next questions then cost no second parse.
+            if a.capacity_bytes.is_none() && a.device_total_bytes.is_none() {
+                return Ok(json(&me.held(&a.file)?.analyzed.analysis));
+            }
             let (snapshot, source) = read(Path::new(&a.file))?;
             let options = analysis::Options { capacity: a.capacity_bytes, device_total: a.device_total_bytes };
             Ok(json(&analysis::analyze_with(&snapshot, source, analysis::Depth::Report, options).analysis))
