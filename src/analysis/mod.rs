@@ -24,6 +24,7 @@ pub(crate) mod capacity;
 pub mod categories;
 pub mod compare;
 pub mod cost;
+pub mod divergence;
 mod counters;
 pub(crate) mod gaps;
 pub mod inference;

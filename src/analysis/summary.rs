@@ -93,7 +93,14 @@ pub struct RunSummary {
     pub peak_reserved_bytes: PeakSpread,
     /// The highest rank peak over the lowest (1.0: balanced); None until a rank is ready.
     pub imbalance: Option<f64>,
+    /// Why the OOM rank (else the highest) differs from the median rank: set on one run's
+    /// view, not on lists of runs.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub divergence: Option<super::divergence::Divergence>,
 }
+
+/// Below this imbalance, a run without an OOM has no rank worth explaining.
+const EXPLAIN_IMBALANCE: f64 = 1.05;
 
 impl RunSummary {
     /// Sums up the ranks of a run: `(rank, summary once ready)`.
@@ -115,7 +122,25 @@ impl RunSummary {
             oom_ranks,
             peak_reserved_bytes: PeakSpread { min, max, rank_of_max },
             imbalance: (!ready.is_empty()).then(|| max as f64 / min.max(1) as f64),
+            divergence: None,
         }
+    }
+
+    /// The rank to explain and the rank to hold it against: the lowest OOM rank (else the
+    /// highest peak, when the peaks differ), and the rank whose peak is the median of the
+    /// others' (the lower of two middles). None with fewer than two ready ranks.
+    pub fn to_explain(&self, ranks: &[(i64, Option<&Summary>)]) -> Option<(i64, super::divergence::Picked, i64)> {
+        use super::divergence::Picked;
+        let (rank, picked) = match self.oom_ranks.first() {
+            Some(r) => (*r, Picked::Oom),
+            None if self.imbalance? >= EXPLAIN_IMBALANCE => (self.peak_reserved_bytes.rank_of_max?, Picked::HighestPeak),
+            None => return None,
+        };
+        let mut others: Vec<(u64, i64)> =
+            ranks.iter().filter(|(r, _)| *r != rank).filter_map(|(r, s)| s.map(|s| (s.peak_reserved_bytes, *r))).collect();
+        others.sort_unstable();
+        let median = others.get(others.len().checked_sub(1)? / 2)?.1;
+        Some((rank, picked, median))
     }
 }
 
@@ -144,6 +169,23 @@ mod tests {
         assert_eq!(r.oom_ranks, vec![1]);
         assert_eq!(r.peak_reserved_bytes, PeakSpread { min: 100, max: 300, rank_of_max: Some(1) });
         assert_eq!(r.imbalance, Some(3.0));
+    }
+
+    #[test]
+    fn the_oom_rank_is_explained_against_the_median_of_the_others() {
+        use crate::analysis::divergence::Picked;
+        let (a, b, c, d) = (s(100, false), s(300, true), s(150, false), s(120, false));
+        let ranks = [(0, Some(&a)), (1, Some(&b)), (2, Some(&c)), (3, Some(&d))];
+        let r = RunSummary::of(&ranks);
+        assert_eq!(r.to_explain(&ranks), Some((1, Picked::Oom, 3)));
+        let (e, f) = (s(100, false), s(100, false));
+        let even = [(0, Some(&e)), (1, Some(&f))];
+        assert_eq!(RunSummary::of(&even).to_explain(&even), None, "balanced and healthy: nothing to explain");
+        let (g, h) = (s(100, false), s(200, false));
+        let uneven = [(0, Some(&g)), (1, Some(&h)), (2, None)];
+        assert_eq!(RunSummary::of(&uneven).to_explain(&uneven), Some((1, Picked::HighestPeak, 0)));
+        let one = [(0, Some(&b))];
+        assert_eq!(RunSummary::of(&one).to_explain(&one), None);
     }
 
     #[test]

@@ -5,7 +5,8 @@ use serde::Serialize;
 
 use super::{Service, ServiceError};
 use crate::analysis::compare::{Comparison, compare};
-use crate::analysis::summary::{RunSummary, Summary};
+use crate::analysis::divergence::{Divergence, Picked, divergence};
+use crate::analysis::summary::{RunSummary, Summary, main_device};
 use crate::store::{RunRow, SnapshotRow, Status};
 
 /// One rank of a run.
@@ -133,14 +134,22 @@ impl Service {
         row
     }
 
-    /// A run with each rank's numbers.
+    /// A run with each rank's numbers and why its OOM rank differs.
     pub async fn run(&self, run: RunRow) -> Result<RunView, ServiceError> {
+        self.run_view(run, true).await
+    }
+
+    async fn run_view(&self, run: RunRow, explain: bool) -> Result<RunView, ServiceError> {
         let mut rows = Vec::new();
         for row in self.store.meta.run_snapshots(&run.id).await? {
             rows.push(self.with_summary(row).await);
         }
         let (ranks, later) = by_rank(rows);
-        let summary = RunSummary::of(&ranks.iter().map(|(r, row)| (*r, row.summary.as_ref())).collect::<Vec<_>>());
+        let summaries: Vec<(i64, Option<&Summary>)> = ranks.iter().map(|(r, row)| (*r, row.summary.as_ref())).collect();
+        let mut summary = RunSummary::of(&summaries);
+        if explain && let Some((rank, picked, median)) = summary.to_explain(&summaries) {
+            summary.divergence = self.divergence(&ranks, rank, picked, median).await;
+        }
         Ok(RunView {
             page_url: format!("/r/{}", run.id),
             id: run.id,
@@ -152,11 +161,22 @@ impl Service {
         })
     }
 
-    /// Runs, newest first.
+    /// What `rank` held more than `median` (None when an analysis cannot be read: the run
+    /// view still shows its ranks).
+    async fn divergence(&self, ranks: &Ranked, rank: i64, picked: Picked, median: i64) -> Option<Divergence> {
+        let row = |r: i64| ranks.iter().find(|(x, _)| *x == r).map(|(_, row)| row);
+        let (a, m) = (row(rank)?, row(median)?);
+        let (da, dm) = (self.analysis(a).await.ok()?, self.analysis(m).await.ok()?);
+        let mut d = divergence(rank, picked, main_device(&da)?, median, main_device(&dm)?)?;
+        d.compare_url = format!("/compare/{}/{}", m.id, a.id);
+        Some(d)
+    }
+
+    /// Runs, newest first (without each one's divergence: a list does not read analyses).
     pub async fn runs(&self, limit: u32, offset: u32) -> Result<Vec<RunView>, ServiceError> {
         let mut out = Vec::new();
         for run in self.store.meta.runs(limit, offset).await? {
-            out.push(self.run(run).await?);
+            out.push(self.run_view(run, false).await?);
         }
         Ok(out)
     }

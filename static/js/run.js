@@ -79,6 +79,39 @@ function renderSummary() {
     a.textContent = `Open rank ${first.rank}'s diagnosis`;
     summary.append(a);
   }
+  renderWhy(s.divergence);
+}
+
+/** Why this rank: what it held more than the median rank, by category and call site. */
+function renderWhy(d) {
+  const box = document.getElementById("why");
+  box.hidden = !d;
+  if (!d) return;
+  const h = document.createElement("h2");
+  h.textContent = `Why rank ${d.rank}`;
+  const p = document.createElement("p");
+  p.textContent = d.sentence;
+  const table = document.createElement("table");
+  table.className = "why";
+  const head = document.createElement("tr");
+  for (const t of ["", `rank ${d.rank}`, `median (rank ${d.median_rank})`, "more"]) {
+    const th = document.createElement("th");
+    th.textContent = t;
+    head.append(th);
+  }
+  const rows = [
+    ...d.categories.filter((c) => c.delta > 0).slice(0, 3).map((c) => [c.category.replace("_", " "), c]),
+    ...d.call_sites.slice(0, 3).map((c) => [c.call_site, c]),
+  ].map(([name, c]) => {
+    const tr = document.createElement("tr");
+    tr.append(cell(name, "site"), cell(bytes(c.rank_bytes), "num"), cell(bytes(c.median_bytes), "num"), cell(`+${bytes(c.delta)}`, "num"));
+    return tr;
+  });
+  table.append(head, ...rows);
+  const a = document.createElement("a");
+  a.href = d.compare_url;
+  a.textContent = `Compare rank ${d.rank} with the median rank`;
+  box.replaceChildren(h, p, table, a);
 }
 
 function renderRows() {

@@ -56,6 +56,12 @@ fn several_files_dropped_together_are_one_run_and_land_on_its_page() {
         let head = js(&c, "return document.getElementById('run-summary').textContent").await;
         assert!(head.as_str().unwrap().contains("Rank 1 ran out of memory: capacity"), "{head}");
         assert!(!head.as_str().unwrap().contains("OOM: "), "the headline says it once: {head}");
+        // Why rank 1: against rank 0 (the only other), batches twice as large (the generator's).
+        let why = js(&c, "const w = document.getElementById('why'); return [w.hidden, w.textContent, w.querySelector('a').getAttribute('href')]").await;
+        assert_eq!(why[0], false, "{why}");
+        let text = why[1].as_str().unwrap();
+        assert!(text.contains("Why rank 1") && text.contains("more activation") && text.contains("2.0x"), "{text}");
+        assert!(why[2].as_str().unwrap().starts_with("/compare/"), "{why}");
         // The run page's legend keys are its bars' colours, not the snapshot page's.
         let keys = js(&c, "return [...document.querySelectorAll('.legend i[class^=\"k-run\"]')].map(i => getComputedStyle(i).backgroundColor)").await;
         let bars = js(&c, "return ['.bar.reserved', '.bar.allocated'].map(s => getComputedStyle(document.querySelector(s)).backgroundColor)").await;

@@ -83,6 +83,23 @@ pub fn a_job_s_ranks_make_one_run_that_names_the_oom_rank() {
     let want = *peaks.iter().max().unwrap() as f64 / *peaks.iter().min().unwrap() as f64;
     assert!((imbalance - want).abs() < 1e-9, "{imbalance} vs {want}");
 
+    // Why rank 1: its generator fed it batches twice the others' (tests/fixtures/README.md).
+    let why = &run["summary"]["divergence"];
+    assert_eq!((why["rank"].as_i64(), why["picked"].as_str()), (Some(1), Some("oom")), "{why}");
+    assert_ne!(why["median_rank"], 1);
+    let ratio = why["size_ratio"].as_f64().unwrap();
+    assert!((1.8..=2.2).contains(&ratio), "a batch twice as large: {ratio}");
+    assert_eq!(why["categories"][0]["category"], "activation", "{why}");
+    assert!(why["categories"][0]["delta"].as_i64().unwrap() > 1 << 30, "{why}");
+    let sentence = why["sentence"].as_str().unwrap();
+    assert!(sentence.starts_with("Rank 1 held ") && sentence.contains("activation") && sentence.contains("2.0x"), "{sentence}");
+    let site = why["call_sites"][0]["call_site"].as_str().unwrap();
+    assert!(site.contains("gen_category_snapshots.py:"), "{site}");
+    let compare = why["compare_url"].as_str().unwrap();
+    assert_eq!(server.get(compare).status().as_u16(), 200, "{compare}");
+    let list = server.get_json("/api/v1/runs");
+    assert!(list[0]["summary"].get("divergence").is_none(), "a list of runs reads no analysis");
+
     // The run's page and the curves its overlay draws: one request for all ranks.
     let page = server.get(&format!("/r/{run_id}"));
     assert_eq!(page.status().as_u16(), 200);

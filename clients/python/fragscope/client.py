@@ -225,3 +225,9 @@ class Run:
 
     def snapshots(self):
         return [Snapshot(self.client, r["snapshot_id"]) for r in self.view()["ranks"]]
+
+    def divergence(self):
+        """Why the OOM rank (else the highest) differs from the median rank: `sentence`, the
+        categories and call sites it held more of, and `size_ratio` (about the batch ratio when
+        the batch differs). None with fewer than two ranks analysed, or nothing to explain."""
+        return self.view()["summary"].get("divergence")

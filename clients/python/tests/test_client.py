@@ -105,6 +105,11 @@ class AgainstTheServer(unittest.TestCase):
         self.assertEqual(view["summary"]["oom_ranks"], want)
         self.assertEqual([r["rank"] for r in view["ranks"]], [0, 1, 2])
         self.assertEqual(view["name"], "py-job")
+        # Rank 1's generator fed it batches twice the others' (tests/fixtures/README.md).
+        why = run.divergence()
+        self.assertEqual(why["rank"], 1)
+        self.assertAlmostEqual(why["size_ratio"], 2.0, delta=0.2)
+        self.assertIn("more activation", why["sentence"])
 
     def test_an_unreachable_server_gets_a_local_file_and_its_path(self):
         with open(fixture("seed_frag_default"), "rb") as f:
