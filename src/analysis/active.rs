@@ -1,6 +1,8 @@
 //! Active memory by call site over events: what PyTorch's viewer calls the "Active Memory
 //! Timeline", aggregated here so three million events draw as a few hundred columns. Live
-//! (active) bytes are summed per call site at the end of each bucket; the `top` sites by
+//! (active) bytes are summed per call site at the busiest instant of each bucket (so the
+//! chart's top is the trace's peak, not whatever a bucket's last event left) and at the end of
+//! the last; the `top` sites by
 //! peak are kept apart and the rest summed as `other`. Grouped by category instead, there is
 //! one series per category of memory (see `categories`). Sizes are the requests rounded as the
 //! allocator rounds them: a large-pool block can hold up to 1 MiB more (the rest it was not
@@ -18,7 +20,8 @@ use crate::snapshot::{Action, BlockState, Device, Snapshot, StackId};
 pub struct ActiveBySite {
     pub start: u64,
     pub end: u64,
-    /// The last event of each bucket: the values are the state right after it.
+    /// The last event of each bucket; the values are the state right after the bucket's event
+    /// of most live bytes (the last bucket's: after its last event, the end of the range).
     pub event: Vec<u64>,
     pub sites: Vec<SiteSeries>,
     pub other: Vec<u64>,
@@ -105,28 +108,49 @@ pub fn active_by(
     let mut columns: Vec<Vec<u64>> = Vec::with_capacity(points);
     let mut bucket_events = Vec::with_capacity(points);
     let mut next = 1;
+    // The bucket's busiest state so far, and the changes made since it: a new maximum applies
+    // them, so keeping it costs one step per event, not a copy of every series.
+    let mut sum: i64 = totals.iter().map(|v| *v as i64).sum();
+    let (mut best, mut best_sum, mut since) = (totals.clone(), i64::MIN, Vec::<(usize, i64)>::new());
     for (k, i) in range.clone().enumerate() {
         let e = &events[i];
+        let mut change = |s: usize, by: i64| {
+            let done = add(&mut totals, s, by);
+            sum += done;
+            since.push((s, done));
+        };
         match e.action {
             Action::ALLOC => {
                 let s = key(None, i, e.stack, &mut sites);
                 let size = rules.round_size(e.size);
                 if let Some((old, old_size)) = live.insert(e.addr, (s, size)) {
-                    add(&mut totals, old, -(old_size as i64));
+                    change(old, -(old_size as i64));
                 }
-                add(&mut totals, s, size as i64);
+                change(s, size as i64);
             }
             Action::FREE_COMPLETED => {
                 if let Some((s, size)) = live.remove(&e.addr) {
-                    add(&mut totals, s, -(size as i64));
+                    change(s, -(size as i64));
                 }
             }
             _ => {}
         }
+        if sum > best_sum {
+            for (s, by) in since.drain(..) {
+                add(&mut best, s, by);
+            }
+            best_sum = sum;
+        }
         if k + 1 >= next * n / points || k + 1 == n {
-            columns.push(totals.clone());
+            // The last column is the end of the range (at an OOM, the state it met).
+            columns.push(if k + 1 == n { totals.clone() } else { best.clone() });
             bucket_events.push(i as u64);
             next += 1;
+            // The next bucket starts from the state now.
+            for (s, by) in since.drain(..) {
+                add(&mut best, s, by);
+            }
+            best_sum = i64::MIN;
         }
     }
     // The top sites by peak; everything else is `other`. Categories are few: all are kept.
@@ -151,9 +175,12 @@ pub fn active_by(
     ActiveBySite { start: range.start as u64, end: range.end as u64, event: bucket_events, sites: series, other }
 }
 
-fn add(totals: &mut Vec<u64>, site: usize, by: i64) {
+/// Adds `by` to a series (never below 0) and returns the change made.
+fn add(totals: &mut Vec<u64>, site: usize, by: i64) -> i64 {
     if totals.len() <= site {
         totals.resize(site + 1, 0);
     }
-    totals[site] = (totals[site] as i64 + by).max(0) as u64;
+    let old = totals[site] as i64;
+    totals[site] = (old + by).max(0) as u64;
+    totals[site] as i64 - old
 }

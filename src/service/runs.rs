@@ -44,16 +44,20 @@ pub struct RunView {
     pub summary: RunSummary,
 }
 
-/// The memory curves of several snapshots on one x axis (the share of each one's events).
+/// The memory curves of several snapshots on one x axis.
 pub struct Curves {
     pub points: usize,
     /// Per snapshot: the bucket maxima of reserved and of allocated bytes (None: not ready).
     pub curves: Vec<Option<(Vec<f32>, Vec<f32>)>>,
+    /// The x axis: by step (`Some(steps)`, the most any snapshot ran; each point is
+    /// `steps / points` of a step, and a snapshot that stopped sooner is NaN past its end), or
+    /// the share of each one's events (None).
+    pub steps: Option<u32>,
 }
 
 impl Curves {
     /// Little-endian: u32 curves, u32 points, then per curve `points` f32 of reserved bytes
-    /// and `points` of allocated (NaN for a snapshot not ready).
+    /// and `points` of allocated (NaN for a snapshot not ready, or past its end by step).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(8 + self.curves.len() * self.points * 8);
         out.extend((self.curves.len() as u32).to_le_bytes());
@@ -196,44 +200,100 @@ impl Service {
         Ok(compare(&a, &b))
     }
 
-    /// Each snapshot's reserved and allocated bytes over its events, in `points` buckets of
-    /// the share of its events gone by, so that runs of different lengths overlay.
-    pub async fn curves(&self, rows: &[SnapshotRow], points: usize) -> Result<Curves, ServiceError> {
-        let mut curves = Vec::with_capacity(rows.len());
+    /// Each snapshot's reserved and allocated bytes over its events, in `points` buckets: of
+    /// the steps when `by_step` and every ready snapshot has steps (so that a run that died in
+    /// step 2 is not stretched over one that ran 16), else of the share of its events gone by.
+    pub async fn curves(&self, rows: &[SnapshotRow], points: usize, by_step: bool) -> Result<Curves, ServiceError> {
+        let mut series = Vec::with_capacity(rows.len());
         for row in rows {
-            if row.status != Status::Ready {
-                curves.push(None);
-                continue;
-            }
-            let row = self.with_summary(row.clone()).await;
-            let device = row.summary.as_ref().map(|s| s.device).unwrap_or(0);
-            let d = match self.timeline(&row, device, None, None, points).await {
-                Ok(d) => d,
-                Err(ServiceError::Missing(_)) => {
-                    curves.push(None);
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            curves.push(Some(resample(&d, points)));
+            series.push(self.series(row, points).await?);
         }
-        Ok(Curves { points, curves })
+        let steps: Option<Vec<Vec<(u64, u64)>>> = series
+            .iter()
+            .flatten()
+            .map(|(_, steps)| (!steps.is_empty()).then(|| steps.clone()))
+            .collect::<Option<Vec<_>>>()
+            .filter(|s| by_step && !s.is_empty());
+        let most = steps.as_ref().map(|s| s.iter().map(|s| s.len()).max().unwrap_or(0) as u32);
+        let curves = series
+            .iter()
+            .map(|s| {
+                s.as_ref().map(|(d, steps)| match most {
+                    Some(most) => resample(d, points, |e| at_step(steps, e) / most as f64, true),
+                    None => {
+                        let total = (d.end - d.start).max(1) as f64;
+                        resample(d, points, |e| (e - d.start) as f64 / total, false)
+                    }
+                })
+            })
+            .collect();
+        Ok(Curves { points, curves, steps: most })
+    }
+
+    /// A ready snapshot's timeline in `points` buckets and its steps' event ranges (None:
+    /// not ready, or gone).
+    async fn series(
+        &self,
+        row: &SnapshotRow,
+        points: usize,
+    ) -> Result<Option<(crate::analysis::timeline::Downsampled, Vec<(u64, u64)>)>, ServiceError> {
+        if row.status != Status::Ready {
+            return Ok(None);
+        }
+        let row = self.with_summary(row.clone()).await;
+        let device = row.summary.as_ref().map(|s| s.device).unwrap_or(0);
+        let d = match self.timeline(&row, device, None, None, points).await {
+            Ok(d) => d,
+            Err(ServiceError::Missing(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let steps = match self.analysis(&row).await {
+            Ok(a) => a
+                .devices
+                .iter()
+                .find(|x| x.device == device)
+                .map(|x| x.memory.steps.iter().map(|s| (s.first_event, s.last_event)).collect())
+                .unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
+        Ok(Some((d, steps)))
     }
 }
 
-/// Buckets by event onto `points` equal shares of the events: each share takes the largest
-/// bucket that starts in it, and an empty share repeats the one before.
-fn resample(d: &crate::analysis::timeline::Downsampled, points: usize) -> (Vec<f32>, Vec<f32>) {
-    let total = (d.end - d.start).max(1) as f64;
+/// Where event `e` falls in steps: step `i` spans `[i, i + 1)`; before the first step is 0,
+/// between two steps the end of the earlier, after the last the number of steps.
+fn at_step(steps: &[(u64, u64)], e: u64) -> f64 {
+    let i = steps.partition_point(|(first, _)| *first <= e);
+    if i == 0 {
+        return 0.0;
+    }
+    let (first, last) = steps[i - 1];
+    if e > last {
+        return i as f64;
+    }
+    (i - 1) as f64 + (e - first) as f64 / (last - first + 1) as f64
+}
+
+/// Buckets by event onto `points` equal parts of `x(event)` in `[0, 1]`: each part takes the
+/// largest bucket that starts in it, and an empty part repeats the one before; with `ends`,
+/// parts past the last bucket stay NaN (the run stopped there).
+fn resample(
+    d: &crate::analysis::timeline::Downsampled,
+    points: usize,
+    x: impl Fn(u64) -> f64,
+    ends: bool,
+) -> (Vec<f32>, Vec<f32>) {
     let (mut reserved, mut allocated) = (vec![f32::NAN; points], vec![f32::NAN; points]);
+    let mut last = 0;
     for (i, e) in d.event.iter().enumerate() {
-        let j = ((((*e - d.start) as f64) / total) * points as f64) as usize;
-        let j = j.min(points - 1);
+        let j = ((x(*e) * points as f64) as usize).min(points - 1);
+        last = last.max(j);
         let (r, a) = (d.max[0][i] as f32, d.max[1][i] as f32);
         reserved[j] = if reserved[j].is_nan() { r } else { reserved[j].max(r) };
         allocated[j] = if allocated[j].is_nan() { a } else { allocated[j].max(a) };
     }
-    for j in 1..points {
+    let fill = if ends { last + 1 } else { points };
+    for j in 1..fill {
         if reserved[j].is_nan() {
             (reserved[j], allocated[j]) = (reserved[j - 1], allocated[j - 1]);
         }
@@ -290,10 +350,26 @@ mod tests {
             min: Default::default(),
             max: [vec![1, 5, 2, 7], vec![1, 2, 3, 4], vec![], vec![], vec![]],
         };
-        let (r, a) = resample(&d, 8);
+        let share = |e: u64| e as f64 / 4.0;
+        let (r, a) = resample(&d, 8, share, false);
         assert_eq!(r, vec![1.0, 1.0, 5.0, 5.0, 2.0, 2.0, 7.0, 7.0]);
         assert_eq!(a[7], 4.0);
-        let (r, _) = resample(&d, 2);
+        let (r, _) = resample(&d, 2, share, false);
         assert_eq!(r, vec![5.0, 7.0]);
+        // By step, a run that stopped halfway leaves the rest of the axis empty.
+        let (r, _) = resample(&d, 8, |e| e as f64 / 8.0, true);
+        assert_eq!(&r[..4], &[1.0, 5.0, 2.0, 7.0]);
+        assert!(r[4..].iter().all(|v| v.is_nan()), "{r:?}");
+    }
+
+    #[test]
+    fn events_fall_in_their_step() {
+        let steps = [(10, 19), (20, 29), (40, 49)];
+        assert_eq!(at_step(&steps, 3), 0.0, "before the first step");
+        assert_eq!(at_step(&steps, 15), 0.5);
+        assert_eq!(at_step(&steps, 20), 1.0);
+        assert_eq!(at_step(&steps, 35), 2.0, "between steps: the end of the earlier");
+        assert_eq!(at_step(&steps, 45), 2.5);
+        assert_eq!(at_step(&steps, 99), 3.0, "after the last");
     }
 }

@@ -2,7 +2,7 @@
 // on one x axis, and the call sites and categories that changed most.
 
 import { bytes } from "./data/format.js";
-import { decodeCurves } from "./data/curves.js";
+import { decodeCurves, stepsOfAxis } from "./data/curves.js";
 import { drawCurves } from "./draw/curves.js";
 
 const main = document.getElementById("compare");
@@ -110,10 +110,16 @@ async function load() {
     return;
   }
   out.replaceChildren(settings(c.settings), ...c.devices.map(device));
-  const curves = await fetch(`/api/v1/curves?ids=${a},${b}&points=400`);
+  // By step where both have steps: a run that died in step 2 is not stretched over one that ran 16.
+  const curves = await fetch(`/api/v1/curves?ids=${a},${b}&points=400&x=step`);
   if (curves.ok) {
+    const steps = stepsOfAxis(curves.headers.get("x-fragscope-axis"));
+    document.getElementById("overlay-hint").textContent = steps
+      ? "x: steps, the same step of both above each other; a run that stopped sooner ends there. Solid: reserved; thin: allocated."
+      : "x: the share of each snapshot's events gone by (not both have steps). Solid: reserved; thin: allocated.";
+    main.dataset.axis = steps ? `steps=${steps}` : "share";
     const decoded = decodeCurves(await curves.arrayBuffer());
-    const draw = () => drawCurves(canvas, decoded, (i) => COLORS[i], (i) => "ab"[i], true);
+    const draw = () => drawCurves(canvas, decoded, (i) => COLORS[i], (i) => "ab"[i], true, steps);
     draw();
     window.addEventListener("resize", () => requestAnimationFrame(draw));
   }

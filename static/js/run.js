@@ -2,7 +2,7 @@
 // sortable, each opening its rank's page; the ranks' curves overlaid, or small multiples.
 
 import { bytes } from "./data/format.js";
-import { curveAt, decodeCurves, rankColor, sortRanks } from "./data/curves.js";
+import { curveAt, decodeCurves, rankColor, sortRanks, stepsOfAxis } from "./data/curves.js";
 import { categoryColor } from "./data/colors.js";
 import { drawCurves } from "./draw/curves.js";
 
@@ -14,6 +14,7 @@ const canvas = document.getElementById("curves");
 let run = null;
 let curves = null;
 let curvesFor = "";
+let curvesSteps = null;
 
 const words = { fragmentation: "OOM: fragmentation", capacity: "OOM: capacity", no_oom: "no OOM" };
 // The headline already says "ran out of memory": only the kind.
@@ -100,11 +101,11 @@ function renderWhy(d) {
     head.append(th);
   }
   const rows = [
-    ...d.categories.filter((c) => c.delta > 0).slice(0, 3).map((c) => [c.category.replace("_", " "), c]),
-    ...d.call_sites.slice(0, 3).map((c) => [c.call_site, c]),
-  ].map(([name, c]) => {
+    ...d.categories.filter((c) => c.delta > 0).slice(0, 3).map((c) => [c.category.replace("_", " "), c, ""]),
+    ...d.call_sites.slice(0, 3).map((c) => [c.call_site, c, "site"]),
+  ].map(([name, c, cls]) => {
     const tr = document.createElement("tr");
-    tr.append(cell(name, "site"), cell(bytes(c.rank_bytes), "num"), cell(bytes(c.median_bytes), "num"), cell(`+${bytes(c.delta)}`, "num"));
+    tr.append(cell(name, cls), cell(bytes(c.rank_bytes), "num"), cell(bytes(c.median_bytes), "num"), cell(`+${bytes(c.delta)}`, "num"));
     return tr;
   });
   table.append(head, ...rows);
@@ -167,13 +168,19 @@ async function drawAll() {
   const key = ready.map((r) => r.snapshot_id).join(",");
   if (key !== curvesFor) {
     const ids = run.ranks.map((r) => r.snapshot_id).join(",");
-    const res = await fetch(`/api/v1/curves?ids=${ids}&points=300`);
+    // By step where every rank has steps: a rank that died in step 4 ends there.
+    const res = await fetch(`/api/v1/curves?ids=${ids}&points=300&x=step`);
     if (!res.ok) return;
+    curvesSteps = stepsOfAxis(res.headers.get("x-fragscope-axis"));
     curves = decodeCurves(await res.arrayBuffer());
     curvesFor = key;
+    main.dataset.axis = curvesSteps ? `steps=${curvesSteps}` : "share";
+    document.getElementById("curves-hint").textContent = (curvesSteps
+      ? "x: steps, the same step of every rank above each other; a rank that stopped sooner ends there"
+      : "x: the share of each rank's events gone by") + "; OOM ranks in red; hover a curve for its rank.";
   }
   const style = (i) => rankColor(i, run.ranks[i].oom);
-  curvesLayout = drawCurves(canvas, curves, style, (i) => `rank ${run.ranks[i].rank}`);
+  curvesLayout = drawCurves(canvas, curves, style, (i) => `rank ${run.ranks[i].rank}`, false, curvesSteps);
   // Overlaid curves get a legend naming each rank (small multiples carry their own labels).
   const legend = document.getElementById("curves-legend");
   legend.replaceChildren(

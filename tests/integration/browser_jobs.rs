@@ -82,6 +82,17 @@ fn several_files_dropped_together_are_one_run_and_land_on_its_page() {
         assert!(!(rgb[0] > rgb[1] + 40.0 && rgb[0] > rgb[2] + 40.0), "a healthy rank drawn red: {healthy}");
         let title = js(&c, "const cv = document.getElementById('curves'); const b = cv.getBoundingClientRect(); cv.dispatchEvent(new MouseEvent('mousemove', {clientX: b.left + b.width / 2, clientY: b.top + b.height / 2, bubbles: true})); return cv.title").await;
         assert!(title.as_str().unwrap().starts_with("rank "), "{title}");
+        // The compare link: by step, rank 1's four steps under rank 0's twelve (truth:
+        // steps_survived), the different lengths said beside the totals.
+        let run_url = c.current_url().await.unwrap().to_string();
+        c.goto(&server.url(why[2].as_str().unwrap())).await.unwrap();
+        wait_for(&c, "return document.getElementById('compare').dataset.ready === 'true'").await;
+        let axis = js(&c, "return [document.getElementById('compare').dataset.axis, document.getElementById('overlay-hint').textContent, document.querySelector('.steps-note').textContent]").await;
+        assert_eq!(axis[0], "steps=12", "{axis}");
+        assert!(axis[1].as_str().unwrap().starts_with("x: steps"), "{axis}");
+        assert!(axis[2].as_str().unwrap().contains("b died in step 4"), "{axis}");
+        c.goto(&run_url).await.unwrap();
+        wait_for(&c, "return document.getElementById('run').dataset.ready === 'true'").await;
         // A click on a row opens its rank's page, which can delete it.
         c.execute("document.querySelector('#ranks tr[data-rank=\"1\"] td').click()", vec![]).await.unwrap();
         wait_for(&c, "return location.pathname.startsWith('/s/')").await;

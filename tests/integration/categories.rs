@@ -381,6 +381,30 @@ fn active_memory_by_category_ends_where_the_breakdown_does() {
     assert_eq!(bad.status(), 400);
 }
 
+/// The chart's top is the peak: each column is the busiest instant of its bucket, not the
+/// state its last event left (truth: torch's `allocated_bytes.all.peak`; the whole run is in
+/// the trace). Fifty columns over thousands of events once topped out below it.
+#[test]
+fn active_memory_tops_out_at_the_peak() {
+    let server = TestServer::start(&[]);
+    for name in ["ranks3_rank0", "ranks3_rank1"] {
+        let id = server.upload(&path(name))["id"].as_str().unwrap().to_string();
+        server.wait_done(&id);
+        let truth: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join(format!("categories/{name}.truth.json"))).unwrap()).unwrap();
+        let peak = truth["memory_stats"]["allocated_bytes.all.peak"].as_u64().unwrap();
+        for by in ["category", "site"] {
+            let chart = server.get_json(&format!("/api/v1/snapshots/{id}/devices/0/active?by={by}&points=50"));
+            let columns = chart["event"].as_array().unwrap().len();
+            let value = |s: &Value, i: usize| s["values"][i].as_u64().unwrap();
+            let top = (0..columns)
+                .map(|i| chart["sites"].as_array().unwrap().iter().map(|s| value(s, i)).sum::<u64>() + chart["other"][i].as_u64().unwrap())
+                .max()
+                .unwrap();
+            assert!(top.abs_diff(peak) as f64 <= 0.005 * peak as f64, "{name} by {by}: top {top}, peak {peak}");
+        }
+    }
+}
+
 /// Steps are counted exactly: the events after the last optimizer step (a loss summed, a
 /// sync) are not a step, and Lightning's `zero_grad` inside the step's closure does not split
 /// one step in two.

@@ -4,6 +4,7 @@ mod arriving;
 mod browser;
 mod browser_jobs;
 mod browser_pages;
+mod browser_tour;
 mod categories;
 mod connections;
 mod diagnosis;

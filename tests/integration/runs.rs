@@ -202,6 +202,42 @@ pub fn comparing_a_run_and_its_remedy_shows_the_oom_gone_and_the_peak_change() {
     assert_eq!(server.get(&format!("/api/v1/compare?a={a}&b=0123")).status().as_u16(), 404);
 }
 
+/// By step, a run that died in step 4 is drawn over the first 4 of the 12 steps the other ran,
+/// not stretched over the whole axis (truth: `info.steps_survived`).
+#[test]
+fn curves_by_step_end_where_the_shorter_run_stopped() {
+    let server = TestServer::start(&[]);
+    let mut ids = Vec::new();
+    let mut truths = Vec::new();
+    for rank in [0, 1] {
+        let (path, truth) = ranks3(rank);
+        let id = upload_to(&server, &path, "")["id"].as_str().unwrap().to_string();
+        server.wait_done(&id);
+        ids.push(id);
+        truths.push(truth);
+    }
+    let steps = |t: &Value| t["info"]["steps_survived"].as_u64().unwrap() + t["info"]["oom"].is_string() as u64;
+    let (full, short) = (steps(&truths[0]), steps(&truths[1]));
+    assert_eq!((full, short), (12, 4), "rank 1 died in its fourth step");
+    let r = server.get(&format!("/api/v1/curves?ids={}&points=120&x=step", ids.join(",")));
+    assert_eq!(r.headers()["x-fragscope-axis"], format!("steps={full}").as_str());
+    let b = r.bytes().unwrap();
+    let value = |c: usize, i: usize| f32::from_le_bytes(b[8 + (c * 240 + i) * 4..][..4].try_into().unwrap());
+    let drawn = |c: usize| (0..120).filter(|i| !value(c, *i).is_nan()).count();
+    assert_eq!(drawn(0), 120, "the longer run spans the axis");
+    let want = 120 * short as usize / full as usize;
+    assert!(drawn(1).abs_diff(want) <= 2, "rank 1 stops at step {short} of {full}: {} of 120 points, want {want}", drawn(1));
+    let peak = truths[1]["memory_stats"]["reserved_bytes.all.peak"].as_f64().unwrap();
+    let max = (0..120).map(|i| value(1, i)).filter(|v| !v.is_nan()).fold(0f32, f32::max) as f64;
+    assert!((max - peak).abs() / peak < 1e-6, "{max} vs {peak}");
+    // The default axis stays the share of events, and an unknown one is refused by name.
+    let r = server.get(&format!("/api/v1/curves?ids={}&points=120", ids.join(",")));
+    assert_eq!(r.headers()["x-fragscope-axis"], "share");
+    let r = server.get(&format!("/api/v1/curves?ids={}&x=time", ids.join(",")));
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(r.text().unwrap().contains("x: `step` or `share`"));
+}
+
 /// Knowing a job id is not a capability (an open server, no token): a stranger's upload for a
 /// rank already present does not replace it, and neither the stranger's key nor none deletes
 /// the run or another uploader's snapshot.

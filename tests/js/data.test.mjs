@@ -131,7 +131,16 @@ test("colouring by what blocks hold is kept in the fragment, and every category 
   assert.equal(categoryColor(undefined), CATEGORY_COLORS.unknown);
 });
 
-import { decodeCurves, curvesMax, grid, sortRanks, rankColor, curveAt } from "../../static/js/data/curves.js";
+import { decodeCurves, curvesMax, grid, sortRanks, rankColor, curveAt, stepLabelEvery, stepsOfAxis } from "../../static/js/data/curves.js";
+
+test("step labels stand 40 px apart at most every 1, 2, 5, 10...; the axis header is read", () => {
+  assert.equal(stepLabelEvery(8, 800), 1);
+  assert.equal(stepLabelEvery(16, 400), 2);
+  assert.equal(stepLabelEvery(300, 800), 20);
+  assert.equal(stepsOfAxis("steps=12"), 12);
+  assert.equal(stepsOfAxis("share"), null);
+  assert.equal(stepsOfAxis(null), null);
+});
 
 test("curves decode per snapshot, with not-ready ones marked", () => {
   const points = 3;

@@ -66,10 +66,13 @@ pub(crate) struct CurvesQuery {
     /// Snapshot ids, comma-separated.
     ids: String,
     points: Option<usize>,
+    /// `step`: the x axis by step where every snapshot has steps; `share` (the default): the
+    /// share of each one's events.
+    x: Option<String>,
 }
 
-/// Reserved and allocated bytes of several snapshots over the share of their events gone by,
-/// as little-endian f32 columns (see `service::runs::Curves::to_bytes`).
+/// Reserved and allocated bytes of several snapshots over their steps or the share of their
+/// events gone by (`X-Fragscope-Axis` says which), as little-endian f32 columns (see `service::runs::Curves::to_bytes`).
 pub(crate) async fn curves(State(app): State<AppState>, Query(q): Query<CurvesQuery>) -> Result<Response, ApiError> {
     let ids: Vec<&str> = q.ids.split(',').filter(|s| !s.is_empty()).collect();
     if ids.is_empty() || ids.len() > MAX_CURVES {
@@ -80,6 +83,17 @@ pub(crate) async fn curves(State(app): State<AppState>, Query(q): Query<CurvesQu
         rows.push(app.row(id).await?);
     }
     let points = q.points.unwrap_or(400).clamp(2, 2000);
-    let curves = app.service.curves(&rows, points).await?;
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], curves.to_bytes()).into_response())
+    let by_step = match q.x.as_deref() {
+        None | Some("share") => false,
+        Some("step") => true,
+        Some(_) => return Err(ApiError::BadRequest("x: `step` or `share`".into())),
+    };
+    let curves = app.service.curves(&rows, points, by_step).await?;
+    // The axis the curves were put on: `steps=N` when by step, else `share`.
+    let axis = curves.steps.map(|n| format!("steps={n}")).unwrap_or_else(|| "share".into());
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream".to_string()), (header::HeaderName::from_static("x-fragscope-axis"), axis)],
+        curves.to_bytes(),
+    )
+        .into_response())
 }

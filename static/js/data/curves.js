@@ -41,6 +41,22 @@ export function sortRanks(ranks, by) {
   return copy;
 }
 
+/** Label every how many steps so that labels of `steps` steps over `width` px stand at least
+ *  40 px apart (1, 2, 5, 10, 20, 50...). */
+export function stepLabelEvery(steps, width) {
+  const room = Math.max(1, Math.floor(width / 40));
+  for (let every = 1; ; every *= 10) {
+    for (const m of [1, 2, 5]) if (Math.ceil(steps / (every * m)) <= room) return every * m;
+  }
+}
+
+/** The x axis the server put curves on (`X-Fragscope-Axis`): a number of steps, or null for
+ *  the share of each snapshot's events. */
+export function stepsOfAxis(header) {
+  const m = /^steps=(\d+)$/.exec(header || "");
+  return m ? Number(m[1]) : null;
+}
+
 /** The overlaid chart's padding, shared by drawing and hit testing. */
 export const OVERLAY_PAD = { l: 64, r: 8, t: 8, b: 18 };
 
@@ -68,6 +84,7 @@ export function curveAt(decoded, layout, w, h, x, y) {
     let best = null;
     decoded.curves.forEach((c, i) => {
       if (!c.ready) return;
+      if (Number.isNaN(c.reserved[k])) return;
       const cy = p.t + ch - (c.reserved[k] / max) * ch;
       const d = Math.abs(cy - y);
       if (best === null || d < best.d) best = { index: i, value: c.reserved[k], d };
