@@ -5,7 +5,7 @@
 import { decodeTimeline } from "./data/columns.js";
 import { format } from "./data/fragment.js";
 import { bytes, eventLabel } from "./data/format.js";
-import { siteKey } from "./data/colors.js";
+import { assignSiteColors, siteKey, sitesByBytes } from "./data/colors.js";
 import { SegMap } from "./draw/segmap.js";
 import { pending } from "./page/pending.js";
 import { bindWhatIf, bindCopy, bindDelete, bindCompare } from "./page/controls.js";
@@ -52,12 +52,17 @@ function ready() {
       loadActive();
     },
   });
-  // Asked for at once, beside the map, timeline and chart: only the timeline's marks need it.
+  // Asked for at once, beside the map, timeline and chart: the timeline's marks and the
+  // sites' colours need it.
   let analysis = null;
   const analysisLoaded = fetch(`${api}/analysis`)
     .then((r) => (r.ok ? r.json() : { devices: [] }))
     .catch(() => ({ devices: [] }))
-    .then((a) => (analysis = a));
+    .then((a) => {
+      analysis = a;
+      colourSites();
+      return a;
+    });
   let mapRequest = null;
   const maps = new Map();
   let siteKeys = [];
@@ -169,6 +174,16 @@ function ready() {
     timeline.setCursor(state.event);
   }
 
+  // The sites that hold the most get the palette's colours once the analysis names them;
+  // what was drawn before is drawn again in them.
+  let activeData = null;
+  function colourSites() {
+    const dev = analysis && analysis.devices.find((d) => d.device === state.device);
+    if (!assignSiteColors(sitesByBytes(dev))) return;
+    map.draw();
+    if (activeData) drawActive(document.getElementById("active"), document.getElementById("active-legend"), activeData);
+  }
+
   async function loadActive() {
     const canvas = document.getElementById("active");
     const [start, end] = state.range || [0, events()];
@@ -176,11 +191,13 @@ function ready() {
     document.getElementById("active-by").textContent = by === "category" ? "by what it holds" : "by call site";
     const r = await take(activeUrl(api, state.device, [start, end], canvas.clientWidth, by));
     if (!r.ok) return;
-    drawActive(canvas, document.getElementById("active-legend"), await r.json());
+    activeData = await r.json();
+    drawActive(canvas, document.getElementById("active-legend"), activeData);
   }
 
   async function showDevice() {
     for (const s of sections) s.hidden = s !== section();
+    colourSites();
     save();
     map.sel = state.sel;
     map.fitted = false;

@@ -94,3 +94,48 @@ fn a_comparison_of_runs_of_different_lengths_says_so() {
         c.close().await.unwrap();
     });
 }
+
+/// The call sites that hold the most are told apart: each takes its own colour from one
+/// palette, in the chart's legend and the map alike (lines 334, 336 and 338 of one function
+/// and the model's line 32 once came out as two greens from a hash).
+#[test]
+fn the_sites_that_hold_the_most_have_colours_told_apart() {
+    let Some(d) = driver() else { return };
+    let server = TestServer::start(&[]);
+    let id = server.upload(&fixtures().join("jobs/leak_retained_graph.pickle.zst"))["id"].as_str().unwrap().to_string();
+    assert_eq!(server.wait_done(&id)["status"], "ready");
+    runtime().block_on(async {
+        let c = browser(&d).await;
+        c.goto(&server.url(&format!("/s/{id}"))).await.unwrap();
+        wait_ready(&c).await;
+        let mut legend = json!(null);
+        for _ in 0..200 {
+            legend = js(&c, "return [...document.querySelectorAll('#active-legend li')].filter(li => !li.textContent.startsWith('other')).map(li => [li.textContent, getComputedStyle(li.querySelector('i')).backgroundColor])").await;
+            let named = legend.as_array().map(|l| l.iter().filter(|x| x[0].as_str().unwrap().contains(":33")).count()).unwrap_or(0);
+            let first = legend[0][1].as_str().unwrap_or("");
+            if named >= 3 && !first.contains("hsl") && first.starts_with("rgb(") && !first.contains(", 30%") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let rows = legend.as_array().unwrap();
+        let colours: Vec<&str> = rows.iter().map(|r| r[1].as_str().unwrap()).collect();
+        let distinct: std::collections::BTreeSet<&&str> = colours.iter().collect();
+        assert_eq!(distinct.len(), colours.len(), "every series its own colour: {legend}");
+        // Each named site takes a colour of the palette (distinct hues and shades, chosen to
+        // be told apart), not a hash's neighbour of another's.
+        let palette = c
+            .execute_async(
+                "const done = arguments[arguments.length - 1]; import('/static/js/data/colors.js').then((m) => { const el = document.createElement('i'); document.body.append(el); done(m.PALETTE.map((p) => { el.style.background = p; return getComputedStyle(el).backgroundColor; })); });",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let palette: Vec<&str> = palette.as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+        let named: Vec<&str> =
+            rows.iter().filter(|r| r[0].as_str().unwrap().contains(".py:")).map(|r| r[1].as_str().unwrap()).collect();
+        assert!(named.len() >= 5, "{legend}");
+        assert!(named.iter().all(|c| palette.contains(c)), "{named:?} against the palette {palette:?}");
+        c.close().await.unwrap();
+    });
+}

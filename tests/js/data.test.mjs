@@ -5,7 +5,7 @@ import test from "node:test";
 import { decodeTimeline, bucketOf, peak, growth, SERIES } from "../../static/js/data/columns.js";
 import { parse, format } from "../../static/js/data/fragment.js";
 import { runs, order, fit, hit, zoom, rowAt, ROW } from "../../static/js/data/layout.js";
-import { siteColor, hash } from "../../static/js/data/colors.js";
+import { siteColor, hash, assignSiteColors, sitesByBytes, PALETTE } from "../../static/js/data/colors.js";
 import { bytes, eventLabel } from "../../static/js/data/format.js";
 import { firstView, inRange, stateUrl, timelineUrl, activeUrl, activeBy } from "../../static/js/data/requests.js";
 
@@ -101,6 +101,18 @@ test("colours are stable per call site and formats read well", () => {
   assert.equal(siteColor("a.py:1:f"), siteColor("a.py:1:f"));
   assert.notEqual(siteColor("a.py:1:f"), siteColor("a.py:2:f"));
   assert.equal(hash(""), 0x811c9dc5);
+  // The sites that hold the most get twelve distinct palette colours, in order; the rest a
+  // muted hue; two neighbouring lines are never left to the hash alone.
+  const keys = Array.from({ length: 14 }, (_, i) => `m.py:${i}:f`);
+  assert.equal(assignSiteColors(["m.py:0:f", "", "m.py:0:f", ...keys.slice(1)]), true);
+  assert.deepEqual(keys.slice(0, 12).map(siteColor), PALETTE);
+  assert.equal(new Set(PALETTE).size, 12);
+  assert.match(siteColor(keys[12]), /^hsl\(\d+ 30% /);
+  assert.equal(assignSiteColors(keys), false, "the same sites: nothing to redraw");
+  const device = { breakdown: [{ call_sites: [{ bytes: 5, call_site: { filename: "a.py", line: 1, name: "f" } }] },
+    { call_sites: [{ bytes: 9, call_site: { filename: "b.py", line: 2, name: "g" } }] }] };
+  assert.deepEqual(sitesByBytes(device), ["b.py:2:g", "a.py:1:f"]);
+  assignSiteColors([]);
   assert.equal(bytes(545259520), "520.00 MiB");
   assert.equal(bytes(12), "12 B");
 });

@@ -15,13 +15,51 @@ export function hash(text) {
   return h >>> 0;
 }
 
-/** The colour of a call site key (`file:line:name`); spread over hues, never grey. */
+/** Twelve colours told apart at a glance (Tableau's, and three more), for the sites that
+ *  hold the most memory. */
+export const PALETTE = [
+  "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#edc948",
+  "#76b7b2", "#ff9da7", "#9c755f", "#17becf", "#bcbd22", "#7f3c8d",
+];
+
+// The sites given a palette colour, by key: set from the analysis, the same for every view
+// of one snapshot, so a site is one colour in the map, the chart and the tables.
+const assigned = new Map();
+
+/** Gives the first twelve of `keys` (the sites that hold the most, most first) the palette's
+ *  colours, in order; returns whether any colour changed. */
+export function assignSiteColors(keys) {
+  const next = new Map();
+  for (const k of keys) {
+    if (!k || next.has(k)) continue;
+    if (next.size === PALETTE.length) break;
+    next.set(k, PALETTE[next.size]);
+  }
+  const same = next.size === assigned.size && [...next].every(([k, c]) => assigned.get(k) === c);
+  assigned.clear();
+  for (const [k, c] of next) assigned.set(k, c);
+  return !same;
+}
+
+/** The colour of a call site key (`file:line:name`): its palette colour when it is among
+ *  the sites that hold the most, else a muted hue from its hash (never grey). */
 export function siteColor(key) {
   if (!key) return UNKNOWN;
+  const mine = assigned.get(key);
+  if (mine) return mine;
   const h = hash(key);
   const hue = h % 360;
-  const light = 42 + ((h >>> 9) % 3) * 8;
-  return `hsl(${hue} 62% ${light}%)`;
+  const light = 58 + ((h >>> 9) % 3) * 8;
+  return `hsl(${hue} 30% ${light}%)`;
+}
+
+/** The call sites to colour first: those of the analysis' breakdowns (the OOM, the peak, the
+ *  end), largest first, each once. */
+export function sitesByBytes(device) {
+  const rows = [];
+  for (const b of (device && device.breakdown) || []) for (const s of b.call_sites || []) rows.push(s);
+  rows.sort((a, b) => b.bytes - a.bytes);
+  return rows.map((s) => siteKey(s.call_site));
 }
 
 export function siteKey(cs) {
