@@ -22,6 +22,10 @@ pub struct Memory {
     pub breakdown: Vec<Breakdown>,
     pub steps: Vec<Step>,
     pub growth: Vec<Growth>,
+    /// The steps are forward passes: the trace has no backward (inference, an evaluation
+    /// loop). False in analyses stored before this was kept.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forward_passes: bool,
 }
 
 impl Memory {
@@ -185,5 +189,5 @@ pub fn memory(
     breakdown.push(index.breakdown(snapshot, &replay.end_state(d), Moment::Final, last));
     breakdown.sort_by_key(|b| (b.moment != Moment::Peak, b.moment == Moment::Final, b.event_index));
     let growth = breakdown::growth(snapshot, events, &index.phases, &index.labels, &index.freed, &rules);
-    Memory { breakdown, steps, growth }
+    Memory { breakdown, forward_passes: !steps.is_empty() && index.phases.forward_steps, steps, growth }
 }

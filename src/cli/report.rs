@@ -69,10 +69,11 @@ pub fn write_diagnosis(out: &mut impl Write, d: &DeviceAnalysis) -> std::io::Res
         if let Some(w) = worst {
             writeln!(
                 out,
-                "  steps: {}; the highest peak, {} allocated, in step {} at event {}",
+                "  steps: {}{}; the highest peak, {} allocated, in step {} at event {}",
                 d.memory.steps.len(),
+                if d.memory.forward_passes { " (forward passes: no backward in the trace)" } else { "" },
                 bytes(w.peak_allocated_bytes),
-                w.index,
+                w.index + 1,
                 w.peak_event
             )?;
         }

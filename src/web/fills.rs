@@ -107,10 +107,12 @@ pub(crate) fn fills(d: &DeviceAnalysis) -> Fills {
     let moments: Vec<MomentView> = m.breakdown.iter().filter(|b| !same_as_oom(b)).map(moment).collect();
     let steps = match m.highest_step() {
         Some(w) => format!(
-            "{} training steps found; the highest peak, {} allocated, in step {} during the {}.",
+            "{} {} found; the highest peak, {} allocated, in {} {} during the {}.",
             m.steps.len(),
+            if m.forward_passes { "forward passes (steps without a backward)" } else { "training steps" },
             bytes(w.peak_allocated_bytes),
-            w.index,
+            if m.forward_passes { "pass" } else { "step" },
+            w.index + 1,
             phase(w.peak_phase)
         ),
         None => "No training steps found (no optimizer step in the trace).".to_string(),

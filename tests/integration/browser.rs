@@ -349,6 +349,11 @@ fn the_map_and_the_active_chart_colour_by_category_and_the_timeline_marks_steps(
         assert!(legend.as_array().unwrap().iter().any(|l| l == "activation"), "{legend}");
         let steps = js(&c, "return Number(document.getElementById('timeline').dataset.steps)").await;
         assert!(steps.as_u64().unwrap() >= 3, "step lines drawn: {steps}");
+        // Labelled from 1, as the diagnosis counts them ("died in step 4").
+        let labels = js(&c, "return document.getElementById('timeline').dataset.stepLabels").await;
+        let labels: Vec<&str> = labels.as_str().unwrap().split(',').collect();
+        assert_eq!(labels[0], "step 1", "{labels:?}");
+        assert!(labels.len() >= 2 && labels[1].parse::<u32>().unwrap() >= 2, "{labels:?}");
         screenshot(&c, "colour-by-category").await;
         // Back to call sites: the fragment forgets the colouring.
         c.execute("const s = document.getElementById('colour'); s.value = 'site'; s.dispatchEvent(new Event('change'));", vec![])

@@ -61,6 +61,14 @@ fn every_kind_of_page_fits_1500_and_1000_px() {
         assert_eq!(server.wait_done(&id)["status"], "ready", "{name}");
         ids.push((*name, id));
     }
+    // Steps are counted from 1, and an inference trace's are forward passes, not training steps.
+    let page = |i: usize| server.get(&format!("/s/{}", ids[i].1)).text().unwrap();
+    assert!(page(2).contains(" forward passes (steps without a backward) found"), "inference");
+    assert!(!page(2).contains("training steps"), "inference");
+    // The leak's highest step is its last, counted from 1: "14 training steps found; ... in step 14".
+    let leak = page(1);
+    let n = leak.split(" training steps found").next().unwrap().rsplit(|c: char| !c.is_ascii_digit()).next().unwrap().to_string();
+    assert!(leak.contains(&format!(" in step {n} during")), "{n}");
     // Four ranks: ranks3's three, and rank 0's file again as rank 3.
     let mut run = String::new();
     for (rank, file) in [(0, 0), (1, 1), (2, 2), (3, 0)] {
