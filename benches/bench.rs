@@ -144,7 +144,7 @@ fn replay_table(path: &Path) {
     let n = replay.event_count();
     // A fixed pseudo-random sequence, so runs are comparable.
     let mut x = 0x9e3779b97f4a7c15u64;
-    let (mut state_ms, mut breakdown_ms) = (Vec::new(), Vec::new());
+    let (mut state_ms, mut breakdown_ms, mut flame_ms) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..100 {
         x ^= x << 13;
         x ^= x >> 7;
@@ -157,7 +157,11 @@ fn replay_table(path: &Path) {
         let moment = analysis::Moment::Event;
         let b = analyzed.indexes[0].breakdown(snap, &state, moment, Some(event as u64));
         breakdown_ms.push(t.elapsed().as_secs_f64() * 1e3);
-        std::hint::black_box((state, b));
+        // What the flame route adds to the state: its blocks by stack, as an icicle.
+        let t = Instant::now();
+        let f = analysis::flame::flame(snap, &state, &analyzed.indexes[0].labels, Some(event as u64));
+        flame_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        std::hint::black_box((state, b, f));
     }
     let mut sim_s = Vec::new();
     for conf in ["", "expandable_segments:True", ""] {
@@ -197,6 +201,11 @@ fn replay_table(path: &Path) {
     println!(
         "| breakdown at a random event (state + categories + call sites, median of 100) | {:.2} ms | under 50 ms |",
         common::median(breakdown_ms)
+    );
+    let flame = common::median(flame_ms);
+    println!(
+        "| icicle of the state at a random event (beyond the state, median of 100) | {flame:.2} ms | under 100 ms, fluid on the page: {} |",
+        verdict(flame < 100.0)
     );
     let sim = common::median(sim_s);
     println!(

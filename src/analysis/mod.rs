@@ -25,6 +25,7 @@ pub mod categories;
 pub mod compare;
 pub mod cost;
 pub mod divergence;
+pub mod flame;
 mod counters;
 pub(crate) mod gaps;
 pub mod inference;

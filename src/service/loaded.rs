@@ -50,6 +50,17 @@ impl Entry {
         let d = &self.snapshot.devices[i];
         self.indexes[i].breakdown_at(&self.snapshot, d, &self.replays[i], event)
     }
+
+    /// Device `i`'s live memory right after `event` (None: at the end) by the stacks that made it.
+    pub fn flame(&self, i: usize, event: Option<u64>) -> crate::analysis::flame::Flame {
+        let (d, replay) = (&self.snapshot.devices[i], &self.replays[i]);
+        let state = match event {
+            Some(e) => replay.state_at(&self.snapshot, Some(e as usize)),
+            None => replay.end_state(d),
+        };
+        let last = self.snapshot.device_events(d).len().checked_sub(1).map(|e| e as u64);
+        crate::analysis::flame::flame(&self.snapshot, &state, &self.indexes[i].labels, event.or(last))
+    }
 }
 
 pub struct Loaded {

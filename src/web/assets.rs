@@ -34,6 +34,8 @@ pub(crate) const ASSETS: &[(&str, &str, &[u8])] = assets! {
     "js/draw/segmap.js" => "text/javascript; charset=utf-8",
     "js/draw/timeline.js" => "text/javascript; charset=utf-8",
     "js/draw/active.js" => "text/javascript; charset=utf-8",
+    "js/data/flame.js" => "text/javascript; charset=utf-8",
+    "js/draw/flame.js" => "text/javascript; charset=utf-8",
     "js/page/pending.js" => "text/javascript; charset=utf-8",
     "js/page/controls.js" => "text/javascript; charset=utf-8",
     "js/page/pinners.js" => "text/javascript; charset=utf-8",
@@ -101,5 +103,31 @@ mod tests {
         for f in files.iter().filter(|f| !f.ends_with("package.json")) {
             assert!(super::ASSETS.iter().any(|(p, _, _)| p == f), "static/{f} is not in ASSETS");
         }
+    }
+}
+
+#[cfg(test)]
+mod every_file {
+    /// A file added under `static/` but not listed above is a 404 the page only shows in a
+    /// browser's console: every file there is served.
+    #[test]
+    fn every_file_under_static_is_served() {
+        fn walk(dir: &std::path::Path, base: &std::path::Path, out: &mut Vec<String>) {
+            for e in std::fs::read_dir(dir).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    if p.file_name().is_some_and(|n| n != "node_modules") {
+                        walk(&p, base, out);
+                    }
+                } else if p.extension().is_some_and(|x| x == "js" || x == "css" || x == "svg") {
+                    out.push(p.strip_prefix(base).unwrap().to_string_lossy().into_owned());
+                }
+            }
+        }
+        let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("static");
+        let mut files = Vec::new();
+        walk(&base, &base, &mut files);
+        let missing: Vec<&String> = files.iter().filter(|f| !super::ASSETS.iter().any(|(p, _, _)| p == f)).collect();
+        assert!(missing.is_empty(), "not served: {missing:?}");
     }
 }

@@ -12,7 +12,8 @@ import { bindWhatIf, bindCopy, bindDelete, bindCompare } from "./page/controls.j
 import { renderPinners } from "./page/pinners.js";
 import { Timeline } from "./draw/timeline.js";
 import { drawActive } from "./draw/active.js";
-import { firstView, inRange, stateUrl, pinnersUrl, timelineUrl, activeUrl, activeBy } from "./data/requests.js";
+import { FlameView } from "./draw/flame.js";
+import { firstView, inRange, stateUrl, flameUrl, pinnersUrl, timelineUrl, activeUrl, activeBy } from "./data/requests.js";
 import { take, pageDevices } from "./page/early.js";
 
 const app = document.getElementById("app");
@@ -143,6 +144,30 @@ function ready() {
     map.setMap(m);
     if (m.totals) timeline.setAt(e, m.totals);
     loadPinners(e);
+    loadFlame(e);
+  }
+
+  // The icicle follows the cursor once it rests (dragging asks for nothing): a newer event
+  // cancels the request of an older one.
+  const flame = new FlameView(document.getElementById("flame"), document.getElementById("flame-tooltip"));
+  let flameTimer = 0;
+  let flameRequest = null;
+  function loadFlame(e) {
+    clearTimeout(flameTimer);
+    flameTimer = setTimeout(async () => {
+      if (flameRequest) flameRequest.abort();
+      flameRequest = new AbortController();
+      try {
+        const r = await fetch(flameUrl(api, state.device, e), { signal: flameRequest.signal });
+        if (!r.ok || state.event !== e) return;
+        const f = await r.json();
+        if (state.event !== e) return;
+        flame.setData(f);
+        flame.canvas.dataset.event = String(e);
+      } catch {
+        // Aborted by a newer event.
+      }
+    }, 120);
   }
 
   async function loadPinners(e) {

@@ -139,3 +139,36 @@ fn the_sites_that_hold_the_most_have_colours_told_apart() {
         c.close().await.unwrap();
     });
 }
+
+/// The icicle follows the cursor: drawn once the page rests, and a click on a frame zooms to
+/// it (it fills the width; fewer nodes drawn), a second click zooms back out.
+#[test]
+fn the_icicle_draws_the_memory_at_the_cursor_and_zooms_on_a_click() {
+    let Some(d) = driver() else { return };
+    let server = TestServer::start(&[]);
+    let id = server.upload(&fixtures().join("categories/ranks3_rank1.pickle.zst"))["id"].as_str().unwrap().to_string();
+    assert_eq!(server.wait_done(&id)["status"], "ready");
+    runtime().block_on(async {
+        let c = browser(&d).await;
+        c.goto(&server.url(&format!("/s/{id}"))).await.unwrap();
+        wait_ready(&c).await;
+        let mut nodes = 0;
+        for _ in 0..200 {
+            nodes = js(&c, "return Number(document.getElementById('flame').dataset.nodes || 0)").await.as_u64().unwrap();
+            if nodes > 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(nodes > 2, "the icicle was drawn: {nodes} nodes");
+        let event = js(&c, "return [document.getElementById('flame').dataset.event, document.getElementById('event-label').textContent]").await;
+        assert!(event[1].as_str().unwrap().starts_with(&format!("After event {} ", event[0].as_str().unwrap())), "{event}");
+        // Click the middle of the second row: that frame fills the width.
+        let focus = js(&c, "const cv = document.getElementById('flame'); const b = cv.getBoundingClientRect(); cv.dispatchEvent(new MouseEvent('click', {clientX: b.left + 5, clientY: b.top + 18 + 9, bubbles: true})); return [cv.dataset.focus, Number(cv.dataset.nodes)]").await;
+        assert!(!focus[0].as_str().unwrap().is_empty(), "zoomed to a frame: {focus}");
+        assert!(focus[1].as_u64().unwrap() <= nodes, "{focus}");
+        let out = js(&c, "const cv = document.getElementById('flame'); const b = cv.getBoundingClientRect(); cv.dispatchEvent(new MouseEvent('click', {clientX: b.left + 5, clientY: b.top + 18 + 9, bubbles: true})); return cv.dataset.focus").await;
+        assert_eq!(out, json!(""), "a second click zooms back out");
+        c.close().await.unwrap();
+    });
+}

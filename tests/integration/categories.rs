@@ -581,3 +581,34 @@ fn remedies_that_do_not_apply_say_why_in_the_run_s_own_terms() {
         }
     }
 }
+
+/// The icicle of what is alive: its root is everything allocated (truth: torch's counters at
+/// the snapshot), every node at least its children, and each one's frames are the trace's.
+#[test]
+fn the_icicle_holds_every_live_byte_once() {
+    let server = TestServer::start(&[]);
+    let id = server.upload(&snapshot_path("capacity_oom"))["id"].as_str().unwrap().to_string();
+    server.wait_done(&id);
+    let f = server.get_json(&format!("/api/v1/snapshots/{id}/devices/0/flame"));
+    let current = crate::util::truth("capacity_oom")["memory_stats"]["allocated_bytes.all.current"].as_u64().unwrap();
+    assert_eq!(f["total_bytes"].as_u64().unwrap(), current);
+    let col = |k: &str| f[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect::<Vec<u64>>();
+    let (parent, bytes) = (col("parent"), col("bytes"));
+    assert_eq!(bytes[0], current, "the root is everything alive");
+    let mut below = vec![0u64; bytes.len()];
+    for i in 1..parent.len() {
+        assert!(parent[i] < i as u64, "parents come first");
+        below[parent[i] as usize] += bytes[i];
+    }
+    for i in 0..bytes.len() {
+        assert!(below[i] <= bytes[i], "node {i}: children {} over {}", below[i], bytes[i]);
+    }
+    assert!(bytes.len() > 3, "{f}");
+    let names = f["names"].as_array().unwrap();
+    assert!(names.iter().any(|n| n.as_str().unwrap().contains(".py:")), "{names:?}");
+    // At an event, and past the end refused by name.
+    let at = server.get_json(&format!("/api/v1/snapshots/{id}/devices/0/flame?event=5"));
+    assert_eq!(at["event"], 5);
+    let bad = server.get(&format!("/api/v1/snapshots/{id}/devices/0/flame?event=99999999"));
+    assert_eq!(bad.status().as_u16(), 400);
+}

@@ -227,3 +227,26 @@ test("healthy ranks are never red, and the pointer finds the nearest curve and i
   assert.deepEqual(curveAt(d, layout, 600, 260, 300, 230), { index: 0, value: 10 });
   assert.equal(curveAt(d, layout, 600, 260, 10, 100), null, "left of the chart");
 });
+
+import { layoutFlame, visibleNodes, nodeAt } from "../../static/js/data/flame.js";
+
+test("the icicle lays siblings side by side under their parent and draws only what is visible", () => {
+  // root 100 -> a 60 (-> c 50), b 40
+  const f = { parent: [0, 0, 0, 1], name: [0, 1, 2, 3], names: ["all", "a", "b", "c"], bytes: [100, 60, 40, 50], category: [] };
+  const l = layoutFlame(f);
+  assert.deepEqual([...l.depth], [0, 1, 1, 2]);
+  assert.deepEqual([...l.x], [0, 0, 60, 0]);
+  assert.equal(l.maxDepth, 2);
+  const all = visibleNodes(l, 0, 1000);
+  assert.deepEqual(all.map((n) => n[0]), [0, 1, 2, 3]);
+  assert.deepEqual(all.find((n) => n[0] === 2).slice(1), [600, 1000]);
+  // Zoomed to b: the root spans the view above it, a and c are out of view.
+  const b = visibleNodes(l, 2, 1000);
+  assert.deepEqual(b.map((n) => n[0]), [0, 2]);
+  assert.deepEqual(b[1].slice(1), [0, 1000]);
+  assert.equal(nodeAt(l, all, 700, 1), 2);
+  assert.equal(nodeAt(l, all, 700, 2), -1, "nothing under b");
+  // A node under half a pixel is not drawn.
+  const tiny = layoutFlame({ ...f, bytes: [1e9, 1e9 - 1, 1, 1e9 - 1] });
+  assert.equal(visibleNodes(tiny, 0, 1000).some((n) => n[0] === 2), false);
+});

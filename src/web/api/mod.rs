@@ -28,6 +28,7 @@ pub const PATHS: &[&str] = &[
     "/api/v1/snapshots/{id}/devices/{device}/pinners",
     "/api/v1/snapshots/{id}/devices/{device}/active",
     "/api/v1/snapshots/{id}/devices/{device}/breakdown",
+    "/api/v1/snapshots/{id}/devices/{device}/flame",
     "/api/v1/snapshots/{id}/devices/{device}/simulate",
     "/api/v1/runs",
     "/api/v1/runs/{id}",
@@ -56,6 +57,7 @@ pub(crate) fn routes() -> Router<AppState> {
         .route(&format!("{device}/pinners"), get(views::pinners))
         .route(&format!("{device}/active"), get(views::active))
         .route(&format!("{device}/breakdown"), get(views::breakdown))
+        .route(&format!("{device}/flame"), get(views::flame))
         .route(&format!("{device}/simulate"), get(views::simulate))
         .route("/api/v1/runs", get(runs::list))
         .route("/api/v1/runs/{id}", get(runs::get).delete(runs::delete))

@@ -257,6 +257,21 @@ pub(crate) async fn breakdown(
     .await
 }
 
+/// The memory alive at an event (default: the end) by the stacks that made it: an icicle.
+pub(crate) async fn flame(
+    State(app): State<AppState>,
+    Path((id, device)): Path<(String, i64)>,
+    Query(q): Query<EventQuery>,
+) -> Result<Json<crate::analysis::flame::Flame>, ApiError> {
+    let row = app.ready(&id).await?;
+    let event = parse_event(&q)?;
+    on_device(&app, &row, device, move |entry, i, d| {
+        check_event(entry, d, event)?;
+        Ok(Json(entry.flame(i, event)))
+    })
+    .await
+}
+
 /// Who pins free memory: at the end from the stored analysis, at an event by replaying.
 pub(crate) async fn pinners(
     State(app): State<AppState>,

@@ -26,6 +26,8 @@ export function inRange(state) {
 
 export const stateUrl = (api, device, event) => `${api}/devices/${device}/state?event=${event}`;
 
+export const flameUrl = (api, device, event) => `${api}/devices/${device}/flame?event=${event}`;
+
 export const pinnersUrl = (api, device, event) => `${api}/devices/${device}/pinners?event=${event}`;
 
 /** The timeline over `[start, end]`, a point per pixel of a canvas `width` wide. */
