@@ -184,3 +184,29 @@ fn every_oom_reports_what_the_device_held_outside_pytorch_as_far_as_it_can_tell(
     let got = outside["outside_bytes"].as_u64().unwrap() as f64;
     assert!((got - (in_use - reserved)).abs() < 0.02 * (1u64 << 30) as f64, "{outside}, in use {in_use}");
 }
+
+/// A badge says what the replay said: a remedy whose replay dies no later than the real run
+/// is "does not help", never "helps, not enough"; one that dies later "helps". Where the real
+/// rerun with Adafactor died too (truth), the lighter optimizer is one of those that did not fix it.
+#[test]
+fn a_remedy_whose_replay_dies_no_later_than_the_run_does_not_help() {
+    let mut seen = 0;
+    for (oom, _, _, adafactor) in LADDER {
+        let d = &job_analysis(oom)["devices"][0];
+        for r in d["diagnosis"]["remedies"].as_array().unwrap() {
+            let predicted = r["predicted"].as_str().unwrap_or("");
+            if predicted.contains(", no later than the real run") {
+                assert_eq!(r["effect"], "does_not_help", "{oom}: {r}");
+                seen += 1;
+            } else if predicted.contains(", later than the real run") {
+                assert_eq!(r["effect"], "helps", "{oom}: {r}");
+            }
+        }
+        if !job_truth(adafactor)["info"]["oom"].is_null()
+            && let Some(r) = remedy(d, "lighter_optimizer")
+        {
+            assert_ne!(r["effect"], "fixes", "{oom}: the Adafactor rerun died too: {r}");
+        }
+    }
+    assert!(seen > 0, "no ladder job has a remedy whose replay dies no later: the rule is untested");
+}
