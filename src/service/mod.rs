@@ -7,7 +7,9 @@
 
 pub mod early;
 pub mod loaded;
+mod lookup;
 pub mod metrics;
+mod retention;
 mod prepare;
 pub mod runs;
 pub mod worker;
@@ -17,7 +19,12 @@ use std::sync::Arc;
 
 use crate::analysis::Analysis;
 use crate::ingest::{self, IngestError};
-use crate::store::{Label, SnapshotRow, Status, Store, StoreError};
+use crate::store::Store;
+// What the web layer needs of the store's types, through its one door.
+pub use crate::store::{
+    Label, RunRow, SnapshotRow, Staged, Staging, Status, StoreError, io_disk_full, redact, start_writeback, valid_id,
+};
+pub(crate) use crate::store::same_secret;
 use loaded::{Entry, Loaded};
 use worker::Worker;
 
@@ -75,13 +82,31 @@ pub struct Admitted {
 
 #[derive(Clone)]
 pub struct Service {
-    pub store: Arc<Store>,
-    pub worker: Worker,
+    store: Arc<Store>,
+    worker: Worker,
     pub loaded: Arc<Loaded>,
     pub counters: Arc<metrics::Counters>,
 }
 
 impl Service {
+    /// Opens the store (cleaning what a crash left) and starts the service (restarting
+    /// unfinished analyses) as `config` says.
+    pub async fn open(config: &crate::config::Config) -> Result<Service, Box<dyn std::error::Error>> {
+        let options = crate::store::Options {
+            database_url: config.database_url.clone(),
+            blob_store: config.blob_store.clone(),
+            cache_bytes: config.cache_size,
+        };
+        let store = Arc::new(Store::open_with(&config.data_dir, &options).await?);
+        store.clean_after_crash().await?;
+        let leases = worker::Leases {
+            lease: std::time::Duration::from_secs(config.lease_seconds.max(3)),
+            ..Default::default()
+        };
+        let sizes = (config.analysis_workers, config.loaded_snapshots, config.memory_budget());
+        Ok(Service::start(store, sizes, leases).await?)
+    }
+
     /// Starts the queue over `store`: three quarters of `memory` for analyses at work (less what
     /// two checks of small uploads may take), a quarter for parsed snapshots kept for queries. Analyses a stop interrupted are queued again.
     pub async fn start(

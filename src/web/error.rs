@@ -105,8 +105,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<crate::store::StoreError> for ApiError {
-    fn from(e: crate::store::StoreError) -> Self {
+impl From<crate::service::StoreError> for ApiError {
+    fn from(e: crate::service::StoreError) -> Self {
         if e.is_disk_full() {
             tracing::error!(error = %e, "the disk is full");
             return ApiError::DiskFull;
@@ -149,9 +149,9 @@ mod tests {
 
     #[test]
     fn a_full_disk_is_507_and_other_store_failures_500() {
-        let full = crate::store::StoreError::Io(std::io::Error::from(std::io::ErrorKind::StorageFull));
+        let full = crate::service::StoreError::Io(std::io::Error::from(std::io::ErrorKind::StorageFull));
         assert_eq!(ApiError::from(full).status(), StatusCode::INSUFFICIENT_STORAGE);
-        let other = crate::store::StoreError::Io(std::io::Error::from(std::io::ErrorKind::PermissionDenied));
+        let other = crate::service::StoreError::Io(std::io::Error::from(std::io::ErrorKind::PermissionDenied));
         assert_eq!(ApiError::from(other).status(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 }

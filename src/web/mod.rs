@@ -26,7 +26,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::config::Config;
 use crate::service::Service;
-use crate::store::{SnapshotRow, Status, Store, valid_id};
+use crate::service::{SnapshotRow, Status, valid_id};
 use error::ApiError;
 
 #[derive(Clone)]
@@ -54,7 +54,7 @@ impl AppState {
         let given =
             headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
         let Some(given) = given else { return Err(ApiError::Unauthorized) };
-        if crate::store::same_secret(given, token) { Ok(()) } else { Err(ApiError::WrongToken) }
+        if crate::service::same_secret(given, token) { Ok(()) } else { Err(ApiError::WrongToken) }
     }
 
     /// Whether the request may delete what `owns` checks a delete key against: with `--token`,
@@ -63,7 +63,7 @@ impl AppState {
     pub(crate) async fn may_delete<F, Fut>(&self, headers: &HeaderMap, owns: F) -> Result<(), ApiError>
     where
         F: FnOnce(String) -> Fut,
-        Fut: std::future::Future<Output = Result<bool, crate::store::StoreError>>,
+        Fut: std::future::Future<Output = Result<bool, crate::service::ServiceError>>,
     {
         let key = headers.get("x-fragscope-key").and_then(|v| v.to_str().ok()).map(str::trim).unwrap_or("");
         if !key.is_empty() && owns(key.to_string()).await? {
@@ -81,15 +81,15 @@ impl AppState {
         if !valid_id(id) {
             return Err(ApiError::NotFound("snapshot"));
         }
-        self.service.store.meta.get(id).await?.ok_or(ApiError::NotFound("snapshot"))
+        self.service.snapshot(id).await?.ok_or(ApiError::NotFound("snapshot"))
     }
 
     /// The run of a link, or 404 (the same for a malformed id as for an unknown one).
-    pub(crate) async fn run(&self, id: &str) -> Result<crate::store::RunRow, ApiError> {
+    pub(crate) async fn run(&self, id: &str) -> Result<crate::service::RunRow, ApiError> {
         if !valid_id(id) {
             return Err(ApiError::NotFound("run"));
         }
-        self.service.store.meta.run(id).await?.ok_or(ApiError::NotFound("run"))
+        self.service.run_row(id).await?.ok_or(ApiError::NotFound("run"))
     }
 
     /// The snapshot, if its analysis is done.
@@ -98,7 +98,7 @@ impl AppState {
         match row.status {
             Status::Ready => {
                 // With an object store, this replica may not have the results on its disk yet.
-                self.service.store.local_results(&row.sha256).await?;
+                self.service.ensure_results(&row.sha256).await?;
                 Ok(row)
             }
             Status::Failed => Err(ApiError::Failed(row.error.unwrap_or_default())),
@@ -166,22 +166,11 @@ async fn not_found(uri: axum::http::Uri) -> axum::response::Response {
 /// Opens the store (cleaning what a crash left), starts the service (restarting unfinished
 /// analyses) and makes the application's state: what `serve` runs, and tests in process.
 pub(crate) async fn state(config: Config) -> Result<AppState, Box<dyn std::error::Error>> {
-    let options = crate::store::Options {
-        database_url: config.database_url.clone(),
-        blob_store: config.blob_store.clone(),
-        cache_bytes: config.cache_size,
-    };
-    let store = Arc::new(Store::open_with(&config.data_dir, &options).await?);
-    store.clean_after_crash().await?;
+    let service = Service::open(&config).await?;
     let budget = config.memory_budget();
-    let leases = crate::service::worker::Leases {
-        lease: Duration::from_secs(config.lease_seconds.max(3)),
-        ..Default::default()
-    };
-    let service = Service::start(store, (config.analysis_workers, config.loaded_snapshots, budget), leases).await?;
     tracing::info!(budget_mib = budget >> 20, "memory budget");
     let database =
-        config.database_url.as_deref().map(crate::store::redact).unwrap_or_else(|| "sqlite (data folder)".into());
+        config.database_url.as_deref().map(crate::service::redact).unwrap_or_else(|| "sqlite (data folder)".into());
     let blobs = config.blob_store.clone().unwrap_or_else(|| "data folder".into());
     tracing::info!(database, blobs, "store");
     let uploads = Arc::new(tokio::sync::Semaphore::new((config.max_connections / 2).max(1)));
@@ -192,9 +181,8 @@ pub(crate) async fn state(config: Config) -> Result<AppState, Box<dyn std::error
 /// waits at most 10 s for open connections (see `listen`).
 pub(crate) async fn serve(config: Config) -> Result<(), Box<dyn std::error::Error>> {
     let state = state(config).await?;
-    let store = state.service.store.clone();
     if let Some(days) = state.config.retain_days {
-        tokio::spawn(retention(state.service.clone(), days));
+        state.service.start_retention(days);
     }
     let wanted = state.config.addr;
     let listener = match tokio::net::TcpListener::bind(wanted).await {
@@ -219,7 +207,7 @@ pub(crate) async fn serve(config: Config) -> Result<(), Box<dyn std::error::Erro
     let service = state.service.clone();
     listen::serve(listener, router(state), max_connections, header_timeout, shutdown_signal()).await;
     service.stop().await;
-    store.meta.close().await;
+    service.close().await;
     Ok(())
 }
 
@@ -235,45 +223,4 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
-}
-
-/// The advisory lock that lets one replica at a time run the retention pass.
-const RETENTION_LOCK: i64 = 0x6672_6167_7265_7431;
-
-/// Deletes snapshots older than `days`, hourly, on one replica at a time.
-async fn retention(service: Service, days: u64) {
-    let mut tick = tokio::time::interval(Duration::from_secs(3600));
-    loop {
-        tick.tick().await;
-        let pass = retention_pass(&service, days);
-        match service.store.meta.exclusively(RETENTION_LOCK, pass).await {
-            Ok(Some(deleted)) => tracing::info!(deleted, "retention pass"),
-            Ok(None) => tracing::info!("retention pass: another replica is running it"),
-            Err(e) => tracing::error!(error = %e, "retention check failed"),
-        }
-    }
-}
-
-/// Deletes what is older than `days`; how many uploads it deleted.
-async fn retention_pass(service: &Service, days: u64) -> usize {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let cutoff = now.saturating_sub(days * 86400) as i64;
-    let mut deleted = 0;
-    match service.store.meta.created_before(cutoff).await {
-        Ok(ids) => {
-            for id in ids {
-                match service.delete(&id).await {
-                    Ok(true) => {
-                        deleted += 1;
-                        tracing::info!(id, "deleted: older than the retention period");
-                    }
-                    // Deleted meanwhile by its owner.
-                    Ok(false) => {}
-                    Err(e) => tracing::error!(id, error = %e, "retention: could not delete; the next pass tries again"),
-                }
-            }
-        }
-        Err(e) => tracing::error!(error = %e, "retention check failed"),
-    }
-    deleted
 }

@@ -13,7 +13,7 @@ use super::error::ApiError;
 use super::extract::Path;
 use crate::analysis::DeviceAnalysis;
 use crate::analysis::advice::{DiagnosisVerdict, Effect};
-use crate::store::{SnapshotRow, Status};
+use crate::service::{SnapshotRow, Status};
 use crate::units::bytes;
 
 #[derive(Template)]
@@ -72,6 +72,9 @@ pub(crate) const SNAPSHOT_MODULES: &[&str] = &[
     "draw/segmap.js",
     "draw/timeline.js",
     "draw/active.js",
+    "draw/flame.js",
+    "data/flame.js",
+    "data/curves.js",
     "draw/canvas.js",
     "page/pending.js",
     "page/controls.js",
@@ -148,8 +151,8 @@ impl From<ApiError> for PageError {
     }
 }
 
-impl From<crate::store::StoreError> for PageError {
-    fn from(e: crate::store::StoreError) -> Self {
+impl From<crate::service::StoreError> for PageError {
+    fn from(e: crate::service::StoreError) -> Self {
         PageError(e.into())
     }
 }
@@ -180,10 +183,9 @@ pub(crate) async fn home(State(app): State<AppState>) -> Result<Html<String>, Pa
         Vec::new()
     } else {
         app.service
-            .store
-            .meta
             .list(20, 0)
-            .await?
+            .await
+            .map_err(ApiError::from)?
             .into_iter()
             .map(|r| Recent {
                 size: bytes(r.bytes),
@@ -236,16 +238,16 @@ pub(crate) async fn snapshot(
 /// What a ready snapshot can be compared with: the other ranks of its run, then (unless the
 /// server wants a token, which keeps its list private) the most recent snapshots.
 async fn compare_with(app: &AppState, row: &SnapshotRow) -> Result<Vec<(String, String)>, PageError> {
-    let meta = &app.service.store.meta;
+    let service = &app.service;
     let mut out: Vec<(String, String)> = Vec::new();
     if let Some(run) = &row.run_id {
-        for r in meta.run_snapshots(run).await? {
+        for r in service.run_snapshots(run).await.map_err(ApiError::from)? {
             let rank = r.rank.map(|k| format!("rank {k}: ")).unwrap_or_default();
             out.push((r.id, format!("{rank}{}", r.name)));
         }
     }
     if app.config.token.is_none() {
-        for r in meta.list(20, 0).await? {
+        for r in service.list(20, 0).await.map_err(ApiError::from)? {
             out.push((r.id, format!("{} ({})", r.name, date(r.created_at))));
         }
     }

@@ -74,8 +74,7 @@ async fn a_small_upload_is_checked_in_the_request_and_analysed_in_the_background
             let a: crate::analysis::Analysis = serde_json::from_str(&a).unwrap();
             assert_eq!(a.devices[0].final_state.allocated_bytes, 4 * MIB);
             // Two simulations at once, and a third is told to come back rather than queued.
-            let sims = &state.service.worker.simulations;
-            let held = (sims.try_acquire().unwrap(), sims.try_acquire().unwrap());
+            let held = (state.service.simulation_slot().unwrap(), state.service.simulation_slot().unwrap());
             let (status, body) = get(&app, &format!("/api/v1/snapshots/{id}/devices/0/simulate?conf=")).await;
             assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
             assert!(body.contains(r#""error":"busy""#), "{body}");

@@ -23,7 +23,7 @@ pub(crate) struct Received {
     /// From a multipart form: the file's name and the text fields.
     pub(crate) form: Form,
     /// The copy sent to the object store as it arrived, if there is one.
-    pub(crate) staged: Option<crate::store::Staged>,
+    pub(crate) staged: Option<crate::service::Staged>,
 }
 
 /// The text fields of an upload form, each bounded in size (413 past it) and in time.
@@ -55,7 +55,7 @@ const OTHER_FIELD: usize = 16 << 10;
 
 /// A failed write of the temp file: 507 when the disk is full.
 fn temp_error(e: std::io::Error) -> ApiError {
-    if crate::store::io_disk_full(&e) { ApiError::DiskFull } else { ApiError::Internal(format!("temp file: {e}")) }
+    if crate::service::io_disk_full(&e) { ApiError::DiskFull } else { ApiError::Internal(format!("temp file: {e}")) }
 }
 
 /// Slowest average an upload may keep after its grace period (`--request-timeout`).
@@ -71,7 +71,7 @@ const WRITEBACK: u64 = 16 << 20;
 async fn start_writeback(file: &tokio::fs::File, offset: u64, len: u64) {
     if let Ok(own) = file.try_clone().await {
         let own = own.into_std().await;
-        tokio::task::spawn_blocking(move || crate::store::start_writeback(&own, offset, len));
+        tokio::task::spawn_blocking(move || crate::service::start_writeback(&own, offset, len));
     }
 }
 
@@ -89,7 +89,7 @@ struct Spool {
     written_back: u64,
     /// Also sends the bytes to the object store as they arrive, so that the blob is there
     /// when the last byte is (dropped on a failed write: the file is then sent once whole).
-    staging: Option<crate::store::Staging>,
+    staging: Option<crate::service::Staging>,
     /// And to the parse while it arrives, if one runs (dropped when it wants no more).
     feed: Option<crate::service::early::Feed>,
 }
@@ -100,7 +100,7 @@ impl Spool {
         file: std::fs::File,
         max: u64,
         grace: std::time::Duration,
-        (staging, feed): (Option<crate::store::Staging>, Option<crate::service::early::Feed>),
+        (staging, feed): (Option<crate::service::Staging>, Option<crate::service::early::Feed>),
     ) -> Spool {
         let file = tokio::fs::File::from_std(file);
         Spool {
@@ -207,7 +207,7 @@ fn too_slow(idle: std::time::Duration) -> ApiError {
 pub(crate) async fn receive(
     request: Request,
     temp: (PathBuf, std::fs::File),
-    also: (Option<crate::store::Staging>, Option<crate::service::early::Feed>),
+    also: (Option<crate::service::Staging>, Option<crate::service::early::Feed>),
     max: u64,
     idle: std::time::Duration,
 ) -> Result<Received, ApiError> {

@@ -40,8 +40,8 @@ pub(crate) async fn delete(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     app.run(&id).await?;
-    let (store, of) = (app.service.store.clone(), id.clone());
-    app.may_delete(&headers, |key| async move { store.owns_run(&of, &key).await }).await?;
+    let (service, of) = (app.service.clone(), id.clone());
+    app.may_delete(&headers, |key| async move { service.owns_run(&of, &key).await }).await?;
     app.service.delete_run(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::service::Upload;
 use crate::service::runs::MAX_RANK;
-use crate::store::Label;
-use crate::store::{SnapshotRow, Status};
+use crate::service::Label;
+use crate::service::{SnapshotRow, Status};
 use crate::web::error::ApiError;
 use crate::web::extract::{Path, Query};
 use crate::web::{AppState, upload};
@@ -86,10 +86,10 @@ pub(crate) async fn create(
         ))
     })?;
     let idle = std::time::Duration::from_secs(app.config.request_timeout_secs);
-    let store = &app.service.store;
-    let temp = store.create_temp().map_err(crate::store::StoreError::from)?;
+    let service = &app.service;
+    let temp = service.upload_temp()?;
     let path = temp.0.clone();
-    let staging = store.stage().await;
+    let staging = service.stage().await;
     // Parsed while it arrives when the budget allows now, so the link is ready soon after.
     let announced =
         upload::announced(&headers).filter(|b| *b <= app.config.max_upload && app.config.parse_while_arriving);
@@ -97,12 +97,12 @@ pub(crate) async fn create(
     let feed = early.as_mut().and_then(|e| e.feed());
     let got = upload::receive(request, temp, (staging, feed), app.config.max_upload, idle)
         .await
-        .inspect_err(|_| store.discard_temp(&path))?;
+        .inspect_err(|_| service.discard_temp(&path))?;
     let label = match label(q, got.form) {
         Ok(label) => label,
         Err(e) => {
-            store.discard_temp(&got.temp);
-            store.discard_staged(got.staged).await;
+            service.discard_temp(&got.temp);
+            service.discard_staged(got.staged).await;
             return Err(e);
         }
     };
@@ -147,7 +147,6 @@ pub(crate) fn status_view(app: &AppState, row: SnapshotRow) -> StatusView {
         Status::Ready => 1.0,
         Status::Analyzing => app
             .service
-            .worker
             .progress(&row.sha256)
             .map(|read| read as f64 / row.bytes.max(1) as f64)
             .unwrap_or(0.0)
@@ -188,7 +187,7 @@ pub(crate) async fn list(
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Vec<StatusView>>, ApiError> {
     app.authorize(&headers)?;
-    let rows = app.service.store.meta.list(q.limit.unwrap_or(50).min(500), q.offset.unwrap_or(0)).await?;
+    let rows = app.service.list(q.limit.unwrap_or(50).min(500), q.offset.unwrap_or(0)).await?;
     Ok(Json(rows.into_iter().map(|r| status_view(&app, r)).collect()))
 }
 
@@ -198,8 +197,8 @@ pub(crate) async fn delete(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     app.row(&id).await?;
-    let (store, of) = (app.service.store.clone(), id.clone());
-    app.may_delete(&headers, |key| async move { store.owns(&of, &key).await }).await?;
+    let (service, of) = (app.service.clone(), id.clone());
+    app.may_delete(&headers, |key| async move { service.owns(&of, &key).await }).await?;
     app.service.delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

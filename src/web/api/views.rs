@@ -15,7 +15,7 @@ use crate::analysis::{Analysis, DeviceAnalysis};
 use crate::analysis::{active, gaps, map};
 use crate::service::loaded::Entry;
 use crate::snapshot::sites;
-use crate::store::SnapshotRow;
+use crate::service::SnapshotRow;
 use crate::web::AppState;
 use crate::web::error::ApiError;
 use crate::web::extract::{Path, Query};
@@ -66,7 +66,7 @@ pub(crate) async fn analysis(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let row = app.ready(&id).await?;
-    let bytes = app.service.store.results.analysis_bytes(&row.sha256).map_err(crate::store::StoreError::from)?;
+    let bytes = app.service.analysis_bytes(&row.sha256)?;
     Ok(immutable(&headers, &row, "analysis", "application/json", bytes))
 }
 
@@ -224,7 +224,7 @@ pub(crate) async fn state(
     let row = app.ready(&id).await?;
     let event = parse_event(&q)?;
     let tag = format!("m{device}-{}", event.map(|e| e.to_string()).unwrap_or_else(|| "final".into()));
-    if let Ok(stored) = app.service.store.results.map(&row.sha256, device, event) {
+    if let Some(stored) = app.service.stored_map(&row.sha256, device, event) {
         return Ok(immutable(&headers, &row, &tag, "application/json", stored));
     }
     let body = on_device(&app, &row, device, move |entry, i, d| {
@@ -412,10 +412,9 @@ pub(crate) async fn simulate(
         shrink: None,
     };
     // As heavy as an analysis, and open to anyone with a link: two at once, not queued.
-    let _slot =
-        app.service.worker.simulations.try_acquire().map_err(|_| {
-            ApiError::Busy("two simulations are running on this server: try again in a few seconds".into())
-        })?;
+    let _slot = app.service.simulation_slot().ok_or_else(|| {
+        ApiError::Busy("two simulations are running on this server: try again in a few seconds".into())
+    })?;
     let outcome = on_device(&app, &row, device, move |entry, _, d| {
         crate::simulate::simulate(&entry.snapshot, d, &settings).map_err(ApiError::BadRequest)
     })
