@@ -11,6 +11,13 @@
 //! - `map`: the segment map at one moment, as the API and the page show it.
 //! - `active`: live bytes by call site over events (the active-memory timeline).
 //! - `cost`: the memory an analysis takes, and the budget it is held to.
+//! - `phases`, `categories`, `breakdown`, `memory`: what fills memory (each block's phase of
+//!   the step and category), the steps, growth; `kv`: an inference KV cache.
+//! - `need`, `judge`, `predict`, `capacity`, `shrink`, `inference`: what the step that died
+//!   needed, and the remedies with their replayed effects.
+//! - `summary`, `compare`, `divergence`: a snapshot at a glance, two side by side, why one
+//!   rank of a run differs from the median rank.
+//! - `flame`: live memory at an event by the stacks that made it.
 //!
 //! [`analyze`] replays each device once, with the observers that need the forward pass, and
 //! assembles the document that `fragscope analyze --json` prints and the API serves. Analysis
