@@ -3,7 +3,7 @@
 //! nothing else touches them).
 
 use super::{Service, ServiceError};
-use crate::store::{RunRow, SnapshotRow, Staged, Staging};
+use crate::store::{RunRow, SnapshotRow, Staged};
 
 impl Service {
     /// The snapshot of an id, if there is one.
@@ -61,22 +61,6 @@ impl Service {
     /// once; None when both are taken.
     pub fn simulation_slot(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
         self.worker.simulations.try_acquire().ok()
-    }
-
-    /// A temp file for an upload arriving (removed by [`Service::discard_temp`] unless it is
-    /// admitted).
-    pub fn upload_temp(&self) -> Result<(std::path::PathBuf, std::fs::File), ServiceError> {
-        Ok(self.store.create_temp().map_err(crate::store::StoreError::from)?)
-    }
-
-    /// Starts copying an arriving upload to the object store, where there is one.
-    pub async fn stage(&self) -> Option<Staging> {
-        self.store.stage().await
-    }
-
-    /// Removes an upload's temp file that will not be admitted.
-    pub fn discard_temp(&self, temp: &std::path::Path) {
-        self.store.discard_temp(temp)
     }
 
     /// Gives up an upload's object-store copy.

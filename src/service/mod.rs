@@ -6,6 +6,7 @@
 //! It is also the seam for other storage back ends: everything below goes through [`Store`].
 
 pub mod early;
+mod intake;
 pub mod loaded;
 mod lookup;
 pub mod metrics;
@@ -20,9 +21,10 @@ use std::sync::Arc;
 use crate::analysis::Analysis;
 use crate::ingest::{self, IngestError};
 use crate::store::Store;
+pub use intake::{Arrived, Intake, IntakeError};
 // What the web layer needs of the store's types, through its one door.
 pub use crate::store::{
-    Label, RunRow, SnapshotRow, Staged, Staging, Status, StoreError, io_disk_full, redact, start_writeback, valid_id,
+    Label, RunRow, SnapshotRow, Status, StoreError, io_disk_full, redact, valid_id,
 };
 pub(crate) use crate::store::same_secret;
 use loaded::{Entry, Loaded};

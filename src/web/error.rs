@@ -115,6 +115,19 @@ impl From<crate::service::StoreError> for ApiError {
     }
 }
 
+/// An upload that could not be taken in: 413 past the limit, 507 on a full disk.
+impl From<crate::service::IntakeError> for ApiError {
+    fn from(e: crate::service::IntakeError) -> Self {
+        use crate::service::IntakeError;
+        match e {
+            IntakeError::TooLarge { .. } => ApiError::TooLarge(e.to_string()),
+            IntakeError::Empty => ApiError::BadRequest(e.to_string()),
+            IntakeError::Io(io) if crate::service::io_disk_full(&io) => ApiError::DiskFull,
+            IntakeError::Io(io) => ApiError::Internal(format!("temp file: {io}")),
+        }
+    }
+}
+
 /// What a refused upload answers: the reader's message, with its byte offset.
 impl From<crate::service::ServiceError> for ApiError {
     fn from(e: crate::service::ServiceError) -> Self {

@@ -1,30 +1,16 @@
-//! Receiving an upload: streamed to a temp file while hashed and counted, never held whole in
-//! memory, and cut off with 413 the moment it passes the cap (the store then removes the temp
-//! file).
+//! Receiving an upload over HTTP: a raw body or a form, `Expect: 100-continue`, a body drained
+//! on refusal, bounded form fields, a pace to keep. The bytes go into the service's intake
+//! (`service/intake.rs`), never held whole in memory, and are cut off with 413 the moment they
+//! pass the cap.
 //! Accepts a raw body (`curl --data-binary @f`, `requests.post(url, data=f)`) or a multipart
 //! form with a file field (`curl -F file=@f`, the browser's form).
-
-use std::path::PathBuf;
 
 use axum::extract::{FromRequest, Multipart, Request};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 
 use super::error::ApiError;
-
-pub(crate) struct Received {
-    pub(crate) temp: PathBuf,
-    pub sha256: String,
-    pub(crate) bytes: u64,
-    /// The first bytes, to sniff the format without reading the file again.
-    pub(crate) head: Vec<u8>,
-    /// From a multipart form: the file's name and the text fields.
-    pub(crate) form: Form,
-    /// The copy sent to the object store as it arrived, if there is one.
-    pub(crate) staged: Option<crate::service::Staged>,
-}
+use crate::service::{Arrived, Intake, Service};
 
 /// The text fields of an upload form, each bounded in size (413 past it) and in time.
 #[derive(Default)]
@@ -53,150 +39,31 @@ const FORM_FIELDS: u64 = 1 << 20;
 /// Fields the server does not read are skipped, up to this size each.
 const OTHER_FIELD: usize = 16 << 10;
 
-/// A failed write of the temp file: 507 when the disk is full.
-fn temp_error(e: std::io::Error) -> ApiError {
-    if crate::service::io_disk_full(&e) { ApiError::DiskFull } else { ApiError::Internal(format!("temp file: {e}")) }
-}
-
 /// Slowest average an upload may keep after its grace period (`--request-timeout`).
 const MIN_BYTES_PER_SEC: u64 = 64 << 10;
 
-/// Bytes between starts of writeback while an upload arrives.
-const WRITEBACK: u64 = 16 << 20;
-
-/// Starts writing `len` bytes at `offset` to disk without waiting for it, so that the sync
-/// once the upload is whole has only the tail left to write (on Linux; elsewhere that sync
-/// writes it all). On a blocking thread, with a descriptor of its own: the call can block while
-/// the disk's queue is full.
-async fn start_writeback(file: &tokio::fs::File, offset: u64, len: u64) {
-    if let Ok(own) = file.try_clone().await {
-        let own = own.into_std().await;
-        tokio::task::spawn_blocking(move || crate::service::start_writeback(&own, offset, len));
-    }
-}
-
-/// Writes chunks to the temp file, hashing, counting and capping.
+/// The intake, and the pace an upload must keep.
 struct Spool {
     started: std::time::Instant,
     grace: std::time::Duration,
-    file: tokio::fs::File,
-    path: PathBuf,
-    hasher: Sha256,
-    bytes: u64,
-    head: Vec<u8>,
-    max: u64,
-    /// Bytes whose writeback has been started.
-    written_back: u64,
-    /// Also sends the bytes to the object store as they arrive, so that the blob is there
-    /// when the last byte is (dropped on a failed write: the file is then sent once whole).
-    staging: Option<crate::service::Staging>,
-    /// And to the parse while it arrives, if one runs (dropped when it wants no more).
-    feed: Option<crate::service::early::Feed>,
+    intake: Intake,
 }
 
 impl Spool {
-    fn new(
-        path: PathBuf,
-        file: std::fs::File,
-        max: u64,
-        grace: std::time::Duration,
-        (staging, feed): (Option<crate::service::Staging>, Option<crate::service::early::Feed>),
-    ) -> Spool {
-        let file = tokio::fs::File::from_std(file);
-        Spool {
-            started: std::time::Instant::now(),
-            grace,
-            file,
-            path,
-            hasher: Sha256::new(),
-            bytes: 0,
-            head: Vec::new(),
-            max,
-            written_back: 0,
-            staging,
-            feed,
-        }
-    }
-
     async fn write(&mut self, chunk: Bytes) -> Result<(), ApiError> {
-        self.bytes += chunk.len() as u64;
+        let bytes = self.intake.bytes() + chunk.len() as u64;
         let elapsed = self.started.elapsed();
-        if elapsed > self.grace && self.bytes < MIN_BYTES_PER_SEC * elapsed.as_secs() {
+        if elapsed > self.grace && bytes < MIN_BYTES_PER_SEC * elapsed.as_secs() {
             return Err(ApiError::Timeout(format!(
                 "the upload is arriving slower than {} KiB/s",
                 MIN_BYTES_PER_SEC >> 10
             )));
         }
-        if self.bytes > self.max {
-            return Err(ApiError::TooLarge(format!(
-                "the upload is larger than the server's limit of {} bytes",
-                self.max
-            )));
-        }
-        if self.head.len() < 64 {
-            self.head.extend_from_slice(&chunk[..chunk.len().min(64 - self.head.len())]);
-        }
-        self.hasher.update(&chunk);
-        if let Some(staging) = self.staging.as_mut()
-            && let Err(e) = staging.write(&chunk).await
-        {
-            tracing::warn!(error = %e, "streaming the upload to the object store failed; it is sent once complete");
-            self.abort_staging();
-        }
-        if let Some(feed) = self.feed.as_mut()
-            && !feed.send(chunk.clone(), &self.head).await
-        {
-            self.feed = None;
-        }
-        self.file.write_all(&chunk).await.map_err(temp_error)?;
-        let flushed = self.bytes / WRITEBACK * WRITEBACK;
-        if flushed > self.written_back {
-            self.file.flush().await.map_err(temp_error)?;
-            start_writeback(&self.file, self.written_back, flushed - self.written_back).await;
-            self.written_back = flushed;
-        }
-        Ok(())
-    }
-
-    /// Gives up the object-store copy (in the background: the caller answers at once).
-    fn abort_staging(&mut self) {
-        if let Some(staging) = self.staging.take() {
-            tokio::spawn(staging.abort());
-        }
-    }
-
-    async fn finish(&mut self, form: Form) -> Result<Received, ApiError> {
-        // The parse sees the end of the upload.
-        self.feed = None;
-        tracing::debug!(bytes = self.bytes, "upload received");
-        self.file.flush().await.map_err(temp_error)?;
-        if self.bytes == 0 {
-            return Err(ApiError::BadRequest("the upload is empty".into()));
-        }
-        let staged = match self.staging.take() {
-            None => None,
-            Some(staging) => match staging.finish().await {
-                Ok(staged) => Some(staged),
-                Err(e) => {
-                    tracing::warn!(error = %e, "finishing the upload in the object store failed; it is sent again whole");
-                    None
-                }
-            },
-        };
-        let sha256 = std::mem::take(&mut self.hasher).finalize().iter().map(|b| format!("{b:02x}")).collect();
-        Ok(Received {
-            staged,
-            temp: self.path.clone(),
-            sha256,
-            bytes: self.bytes,
-            head: std::mem::take(&mut self.head),
-            form,
-        })
+        Ok(self.intake.write(chunk).await?)
     }
 }
 
-/// Receives the upload into `temp` (a file the store made; on an error the caller has the
-/// store discard it). A client that
+/// Receives the upload into `intake` (dropped on an error: its temp file goes). A client that
 /// sends nothing for `idle`, or averages under 64 KiB/s once `idle` has passed, is cut off
 /// (408): a slow sender holds a connection, never an analysis slot (those are taken only once
 /// the whole upload is here).
@@ -206,11 +73,10 @@ fn too_slow(idle: std::time::Duration) -> ApiError {
 
 pub(crate) async fn receive(
     request: Request,
-    temp: (PathBuf, std::fs::File),
-    also: (Option<crate::service::Staging>, Option<crate::service::early::Feed>),
+    (service, intake): (&Service, Intake),
     max: u64,
     idle: std::time::Duration,
-) -> Result<Received, ApiError> {
+) -> Result<(Arrived, Form), ApiError> {
     let headers = request.headers();
     // A form holds the file and a few bounded text fields.
     let room = if is_form(headers) { max.saturating_add(FORM_FIELDS) } else { max };
@@ -226,15 +92,9 @@ pub(crate) async fn receive(
         }
         return Err(refused);
     }
-    let mut spool = Spool::new(temp.0, temp.1, max, idle, also);
-    let got = match receive_into(request, &mut spool, idle).await {
-        Ok(form) => spool.finish(form).await,
-        Err(e) => Err(e),
-    };
-    if got.is_err() {
-        spool.abort_staging();
-    }
-    got
+    let mut spool = Spool { started: std::time::Instant::now(), grace: idle, intake };
+    let form = receive_into(request, &mut spool, idle).await?;
+    Ok((spool.intake.finish(service).await?, form))
 }
 
 /// The size the client announced (`Content-Length`), if any.
@@ -415,32 +275,4 @@ async fn text_field(
         bytes.extend_from_slice(&chunk);
     }
     Ok(String::from_utf8_lossy(&bytes).into_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Writeback is started a 16 MiB stretch at a time as the upload arrives, and the file
-    /// holds every byte in order, hashed as sent.
-    #[tokio::test]
-    async fn a_spooled_upload_is_written_back_as_it_arrives_and_reads_back_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("upload");
-        let file = std::fs::File::create(&path).unwrap();
-        let mut spool = Spool::new(path.clone(), file, u64::MAX, std::time::Duration::from_secs(60), (None, None));
-        let mut sent = Vec::new();
-        for k in 0..41u32 {
-            // Chunks of an odd size, so that stretch ends fall inside them.
-            let chunk: Vec<u8> = (0..(1 << 20) + 7).map(|i: u32| (i.wrapping_mul(31) ^ k) as u8).collect();
-            sent.extend_from_slice(&chunk);
-            spool.write(Bytes::from(chunk)).await.unwrap();
-        }
-        assert_eq!(spool.written_back, 2 * WRITEBACK, "two whole stretches of {} bytes", sent.len());
-        let got = spool.finish(Form::default()).await.unwrap();
-        assert_eq!(got.bytes, sent.len() as u64);
-        let hex: String = Sha256::digest(&sent).iter().map(|b| format!("{b:02x}")).collect();
-        assert_eq!(got.sha256, hex);
-        assert!(std::fs::read(&path).unwrap() == sent, "the file differs from what was sent");
-    }
 }

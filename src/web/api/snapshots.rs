@@ -7,7 +7,6 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-use crate::service::Upload;
 use crate::service::runs::MAX_RANK;
 use crate::service::Label;
 use crate::service::{SnapshotRow, Status};
@@ -86,28 +85,13 @@ pub(crate) async fn create(
         ))
     })?;
     let idle = std::time::Duration::from_secs(app.config.request_timeout_secs);
-    let service = &app.service;
-    let temp = service.upload_temp()?;
-    let path = temp.0.clone();
-    let staging = service.stage().await;
     // Parsed while it arrives when the budget allows now, so the link is ready soon after.
     let announced =
         upload::announced(&headers).filter(|b| *b <= app.config.max_upload && app.config.parse_while_arriving);
-    let mut early = app.service.start_early(announced);
-    let feed = early.as_mut().and_then(|e| e.feed());
-    let got = upload::receive(request, temp, (staging, feed), app.config.max_upload, idle)
-        .await
-        .inspect_err(|_| service.discard_temp(&path))?;
-    let label = match label(q, got.form) {
-        Ok(label) => label,
-        Err(e) => {
-            service.discard_temp(&got.temp);
-            service.discard_staged(got.staged).await;
-            return Err(e);
-        }
-    };
-    let (temp, sha256, bytes, head, staged) = (got.temp, got.sha256, got.bytes, got.head, got.staged);
-    let up = Upload { temp, sha256, bytes, head, label, staged, early };
+    let intake = app.service.intake(app.config.max_upload, announced).await?;
+    let (arrived, form) = upload::receive(request, (&app.service, intake), app.config.max_upload, idle).await?;
+    // A refused label drops what arrived: its temp file and staged copy go.
+    let up = arrived.labelled(label(q, form)?);
     let admitted = app.service.admit(up).await?;
     Ok((StatusCode::ACCEPTED, Json(created(admitted))))
 }
