@@ -253,7 +253,7 @@ impl Server {
                 reuse: a.reuse,
                 shrink: None,
             };
-            Ok(json(&crate::simulate::simulate(&snapshot, &snapshot.devices[i], &settings)?))
+            Ok(json(&crate::simulate::simulate(&snapshot, &snapshot.devices[i], &settings).map_err(|e| e.to_string())?))
         })
         .await)
     }

@@ -168,7 +168,7 @@ fn simulate(
     };
     let outcome = match crate::simulate::simulate(&snap, d, settings) {
         Ok(o) => o,
-        Err(e) => return Ok(Err(e)),
+        Err(e) => return Ok(Err(e.to_string())),
     };
     use std::fmt::Write as _;
     let mut text = String::new();

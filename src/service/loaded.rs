@@ -150,7 +150,7 @@ impl Loaded {
             })
         })
         .await
-        .map_err(|e| super::ServiceError::Internal(e.to_string()))??;
+        .map_err(|e| super::ServiceError::internal("parsing a snapshot again")(e.into()))??;
         let entry = Arc::new(entry);
         self.put(sha256, entry.clone());
         Ok(entry)

@@ -49,9 +49,22 @@ pub enum ServiceError {
     /// A request that cannot be answered as asked.
     #[error("{0}")]
     Invalid(String),
-    /// A background task died, or the runtime is shutting down.
-    #[error("{0}")]
-    Internal(String),
+    /// A background task died, or the runtime is shutting down: what was being done, and why.
+    #[error("{doing}: {source}")]
+    Internal {
+        /// What was being done.
+        doing: &'static str,
+        /// What failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl ServiceError {
+    /// A background task or a semaphore that failed while `doing`.
+    pub fn internal(doing: &'static str) -> impl FnOnce(Box<dyn std::error::Error + Send + Sync>) -> ServiceError {
+        move |source| ServiceError::Internal { doing, source }
+    }
 }
 
 /// An upload received whole into a temp file of the store.
@@ -195,12 +208,12 @@ impl Service {
         if up.bytes <= CHECK_BEFORE_ANSWER {
             // Two checks at most, on slots and memory of their own (carved out of the budget in
             // `start`), so an upload never waits behind analyses.
-            let _slot = self.worker.checks.acquire().await.map_err(|e| ServiceError::Internal(e.to_string()))?;
+            let _slot = self.worker.checks.acquire().await.map_err(|e| ServiceError::internal("waiting for a check's slot")(e.into()))?;
             let temp = up.temp.clone();
             let options = ingest_options(self.worker.budget());
             tokio::task::spawn_blocking(move || ingest::ingest_path(&temp, &options).map(|_| ()))
                 .await
-                .map_err(|e| ServiceError::Internal(e.to_string()))??;
+                .map_err(|e| ServiceError::internal("checking an upload")(e.into()))??;
         }
         Ok(false)
     }
@@ -251,7 +264,7 @@ impl Service {
         let id = row.sha256.clone();
         tokio::task::spawn_blocking(move || store.results.analysis(&id))
             .await
-            .map_err(|e| ServiceError::Internal(e.to_string()))?
+            .map_err(|e| ServiceError::internal("reading an analysis")(e.into()))?
             .map_err(Into::into)
     }
 
@@ -283,7 +296,7 @@ impl Service {
         }
         tokio::task::spawn_blocking(move || t.columns().downsample(start..end, points))
             .await
-            .map_err(|e| ServiceError::Internal(e.to_string()))
+            .map_err(|e| ServiceError::internal("downsampling a timeline")(e.into()))
     }
 
     /// The breakdown at the end that the analysis stored (None for analyses stored by older

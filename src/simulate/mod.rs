@@ -98,25 +98,53 @@ pub struct Outcome {
     pub trace_oom_event: Option<u64>,
 }
 
+/// Why a simulation could not run: what the user asked is not something it can replay.
+/// Every variant is the asker's to fix (the API answers 400).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SimulateError {
+    /// A part of `PYTORCH_CUDA_ALLOC_CONF` that is not `key:value`.
+    #[error("{0:?} is not key:value")]
+    NotKeyValue(String),
+    /// A value that does not parse for its key.
+    #[error("{key}: cannot read {value:?}")]
+    BadValue {
+        /// The setting.
+        key: String,
+        /// What was given.
+        value: String,
+    },
+    /// A value outside what torch accepts.
+    #[error("{0}")]
+    OutOfRange(String),
+    /// A setting torch's allocator does not have.
+    #[error("unknown allocator setting {0:?}")]
+    UnknownSetting(String),
+    /// A MemPool or reused buffer around a call site no allocation comes from.
+    #[error("no allocation in the trace comes from {0:?}")]
+    NoSuchSite(String),
+}
+
 /// Torch's defaults with `conf` applied; an error names the key or value it cannot read.
-pub fn parse_conf(conf: &str) -> Result<Rules, String> {
+pub fn parse_conf(conf: &str) -> Result<Rules, SimulateError> {
     let mut rules = Rules::default();
     for part in conf.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (key, value) = part.split_once(':').ok_or_else(|| format!("{part:?} is not key:value"))?;
-        let bad = || format!("{key}: cannot read {value:?}");
+        let (key, value) = part.split_once(':').ok_or_else(|| SimulateError::NotKeyValue(part.to_string()))?;
+        let bad = || SimulateError::BadValue { key: key.to_string(), value: value.to_string() };
         match key.trim() {
             "expandable_segments" => rules.expandable_segments = matches!(value.trim(), "True" | "true" | "1"),
             "max_split_size_mb" => {
                 let mb: u64 = value.trim().parse().map_err(|_| bad())?;
                 if mb < 20 {
-                    return Err(format!("max_split_size_mb must be at least 20, got {mb}"));
+                    return Err(SimulateError::OutOfRange(format!("max_split_size_mb must be at least 20, got {mb}")));
                 }
                 rules.max_split_size = mb << 20;
             }
             "garbage_collection_threshold" => {
                 let t: f64 = value.trim().parse().map_err(|_| bad())?;
                 if !(0.0..1.0).contains(&t) {
-                    return Err(format!("garbage_collection_threshold must be in (0, 1), got {t}"));
+                    return Err(SimulateError::OutOfRange(format!(
+                        "garbage_collection_threshold must be in (0, 1), got {t}"
+                    )));
                 }
                 rules.gc_threshold = t;
             }
@@ -129,7 +157,7 @@ pub fn parse_conf(conf: &str) -> Result<Rules, String> {
             | "release_lock_on_cudamalloc"
             | "pinned_use_cuda_host_register"
             | "pinned_num_register_threads" => {}
-            other => return Err(format!("unknown allocator setting {other:?}")),
+            other => return Err(SimulateError::UnknownSetting(other.to_string())),
         }
     }
     Ok(rules)
@@ -352,7 +380,7 @@ impl Sim<'_> {
 }
 
 /// Simulates one device's trace under `settings`.
-pub fn simulate(snapshot: &Snapshot, device: &Device, settings: &Settings) -> Result<Outcome, String> {
+pub fn simulate(snapshot: &Snapshot, device: &Device, settings: &Settings) -> Result<Outcome, SimulateError> {
     let (rules, conf) = match &settings.conf {
         Some(c) if c.trim().is_empty() => (parse_conf(c)?, "(the default allocator)".to_string()),
         Some(c) => (parse_conf(c)?, c.clone()),
@@ -374,12 +402,12 @@ pub fn simulate(snapshot: &Snapshot, device: &Device, settings: &Settings) -> Re
     if let Some(r) = &reuse
         && r.size == 0
     {
-        return Err(format!("no allocation in the trace comes from {:?}", r.site));
+        return Err(SimulateError::NoSuchSite(r.site.clone()));
     }
     if let Some(site) = &settings.mempool
         && !events.iter().any(|e| e.action == Action::ALLOC && site_matches(snapshot, e.stack, site))
     {
-        return Err(format!("no allocation in the trace comes from {site:?}"));
+        return Err(SimulateError::NoSuchSite(site.clone()));
     }
     let capacity = settings.capacity.or_else(|| implied_budget(device, events));
     let mut sim = Sim {

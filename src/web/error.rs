@@ -137,7 +137,7 @@ impl From<crate::service::ServiceError> for ApiError {
             ServiceError::Store(e) => e.into(),
             ServiceError::Missing(what) => ApiError::NotFound(what),
             ServiceError::Invalid(e) => ApiError::BadRequest(e),
-            ServiceError::Internal(e) => ApiError::Internal(e),
+            e @ ServiceError::Internal { .. } => ApiError::Internal(e.to_string()),
         }
     }
 }

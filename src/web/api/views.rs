@@ -416,7 +416,7 @@ pub(crate) async fn simulate(
         ApiError::Busy("two simulations are running on this server: try again in a few seconds".into())
     })?;
     let outcome = on_device(&app, &row, device, move |entry, _, d| {
-        crate::simulate::simulate(&entry.snapshot, d, &settings).map_err(ApiError::BadRequest)
+        crate::simulate::simulate(&entry.snapshot, d, &settings).map_err(|e| ApiError::BadRequest(e.to_string()))
     })
     .await?;
     let mut body = serde_json::to_value(&outcome).map_err(|e| ApiError::Internal(e.to_string()))?;
