@@ -31,7 +31,7 @@ use crate::store::Store;
 type Held = Option<OwnedSemaphorePermit>;
 
 /// What a parse while arriving gives: the analysis, and the memory it holds until written.
-type Done = Result<(Prepared, Held), String>;
+type Done = Result<(Prepared, Held), super::prepare::AnalysisError>;
 
 /// Chunks waiting for the parser; when it falls behind, the upload waits (bounded memory).
 const QUEUED_CHUNKS: usize = 64;

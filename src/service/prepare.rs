@@ -14,7 +14,39 @@ use crate::ingest;
 use crate::store::{Store, Written};
 
 use super::loaded::Entry;
-use super::worker::{Held, Worker, crashed};
+use super::worker::{Held, Worker};
+
+/// Why an upload's analysis failed: the message recorded on its row, which the page and the
+/// API show.
+#[derive(Debug, thiserror::Error)]
+pub enum AnalysisError {
+    /// The stored upload cannot be opened.
+    #[error("the upload is missing: {0}")]
+    Missing(std::io::Error),
+    /// Not a snapshot we can read (the reader's or the model's message, with its offset).
+    #[error("{0}")]
+    Ingest(#[from] ingest::IngestError),
+    /// The parsed snapshot needs more memory than the whole budget.
+    #[error("{0}")]
+    OverBudget(#[from] analysis::OverBudget),
+    /// The upload was given up while it was parsed (refused, cut off, stored before).
+    #[error("the upload was given up")]
+    GivenUp,
+    /// A segment map could not be encoded.
+    #[error("cannot encode a segment map: {0}")]
+    Encode(#[from] serde_json::Error),
+    /// The results could not be written, or sent to the object store.
+    #[error("cannot {doing} the results: {source}")]
+    Write {
+        /// `write` or `store`.
+        doing: &'static str,
+        /// Why.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The analysis's task panicked or was cancelled.
+    #[error("the analysis crashed: {0}")]
+    Crashed(#[from] tokio::task::JoinError),
+}
 
 /// OOMs whose segment maps are stored with the results.
 const STORED_OOM_MAPS: usize = 8;
@@ -29,7 +61,7 @@ pub struct Prepared {
 }
 
 /// Analyses a parsed snapshot.
-pub fn prepare(ingested: ingest::Ingested) -> Result<Prepared, String> {
+pub fn prepare(ingested: ingest::Ingested) -> Result<Prepared, AnalysisError> {
     let sha256 = ingested.source.sha256.clone();
     let snap = ingested.snapshot;
     let analyzed = analysis::analyze(&snap, ingested.source, Depth::Serve);
@@ -37,7 +69,7 @@ pub fn prepare(ingested: ingest::Ingested) -> Result<Prepared, String> {
     // The maps a page opens first: the end of each device, and the first OOMs (any other
     // event's map is made on demand).
     let mut maps = Vec::new();
-    let json = |m: &map::SegmentMap| serde_json::to_vec(m).map_err(|e| e.to_string());
+    let json = |m: &map::SegmentMap| serde_json::to_vec(m);
     for (i, d) in entry.snapshot.devices.iter().enumerate() {
         maps.push((d.device, None, json(&entry.segment_map(i, None))?));
         for oom in analyzed.analysis.devices[i].ooms.iter().take(STORED_OOM_MAPS) {
@@ -55,12 +87,12 @@ impl Prepared {
 
     /// Writes the results through the store; returns the verdict, the summary and the parsed
     /// snapshot for the loaded cache.
-    pub fn write(self, store: &Store) -> Result<(String, Option<Summary>, Entry), String> {
+    pub fn write(self, store: &Store) -> Result<(String, Option<Summary>, Entry), AnalysisError> {
         let Prepared { sha256, analysis, timelines, maps, entry } = self;
         let verdict = analysis.devices.first().map(|d| d.diagnosis.verdict.as_str()).unwrap_or("no_oom");
         let devices = entry.snapshot.devices.iter().map(|d| d.device).zip(&timelines).collect();
         let written = Written { analysis: &analysis, maps, timelines: devices };
-        store.results.write(&sha256, &written).map_err(|e| format!("cannot write the results: {e}"))?;
+        store.results.write(&sha256, &written).map_err(|e| AnalysisError::Write { doing: "write", source: e.into() })?;
         Ok((verdict.to_string(), Summary::of(&analysis), entry))
     }
 }
@@ -73,8 +105,8 @@ impl Worker {
         sha256: &str,
         counter: Arc<AtomicU64>,
         memory: (Held, u64),
-    ) -> Result<(Prepared, Held), String> {
-        let file = store.blobs.open(sha256).await.map_err(|e| format!("the upload is missing: {e}"))?;
+    ) -> Result<(Prepared, Held), AnalysisError> {
+        let file = store.blobs.open(sha256).await.map_err(AnalysisError::Missing)?;
         self.parse_and_prepare(file, counter, memory, None).await
     }
 
@@ -87,23 +119,22 @@ impl Worker {
         counter: Arc<AtomicU64>,
         (memory, estimate): (Held, u64),
         cancel: Option<Arc<AtomicBool>>,
-    ) -> Result<(Prepared, Held), String> {
+    ) -> Result<(Prepared, Held), AnalysisError> {
         let budget = self.budget();
         let ingested = tokio::task::spawn_blocking(move || {
             let options = ingest::Options { progress: Some(counter), ..super::ingest_options(budget) };
-            ingest::ingest(raw, &options).map_err(|e| e.to_string())
+            ingest::ingest(raw, &options)
         })
-        .await
-        .map_err(crashed)??;
+        .await??;
         tracing::debug!(bytes = ingested.source.bytes, "parsed");
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-            return Err("the upload was given up".into());
+            return Err(AnalysisError::GivenUp);
         }
         // Charged before the analysis takes it; past the whole budget it never could.
-        let need = analysis::cost::within(&ingested.snapshot, budget).map_err(|e| e.to_string())?;
+        let need = analysis::cost::within(&ingested.snapshot, budget)?;
         let memory = self.charge(memory, estimate, need).await;
         let started = std::time::Instant::now();
-        let prepared = tokio::task::spawn_blocking(move || prepare(ingested)).await.map_err(crashed)??;
+        let prepared = tokio::task::spawn_blocking(move || prepare(ingested)).await??;
         tracing::debug!(seconds = started.elapsed().as_secs_f64(), "analysed the parsed snapshot");
         Ok((prepared, memory))
     }

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use super::early::Early;
 use super::loaded::Loaded;
+use super::prepare::AnalysisError;
 use crate::analysis::summary::Summary;
 use crate::ingest;
 use crate::store::{Status, Store};
@@ -303,14 +304,14 @@ impl Worker {
                 let (store, writing) = (store.clone(), std::time::Instant::now());
                 let written = tokio::task::spawn_blocking(move || prepared.write(&store)).await;
                 tracing::debug!(id, seconds = writing.elapsed().as_secs_f64(), "wrote the results");
-                written.map_err(crashed).and_then(|r| r)
+                written.map_err(AnalysisError::from).and_then(|r| r)
             }
             Err(message) => Err(message),
         };
         if outcome.is_ok()
             && let Err(e) = store.publish_results(id).await
         {
-            outcome = Err(format!("cannot store the results: {e}"));
+            outcome = Err(AnalysisError::Write { doing: "store", source: e.into() });
         }
         self.track(id, None);
         let counter = if outcome.is_ok() { &self.counters.analyses_ready } else { &self.counters.analyses_failed };
@@ -322,9 +323,9 @@ impl Worker {
                 loaded.put(id, Arc::new(entry));
                 (Status::Ready, None, Some(verdict), summary)
             }
-            Err(message) => {
-                tracing::info!(id, error = %message, "analysis failed");
-                (Status::Failed, Some(message), None, None)
+            Err(e) => {
+                tracing::info!(id, error = %e, "analysis failed");
+                (Status::Failed, Some(e.to_string()), None, None)
             }
         };
         self.record(&store, id, recorded).await;
@@ -379,10 +380,6 @@ fn trim() {
     unsafe {
         libc::malloc_trim(0);
     }
-}
-
-pub(super) fn crashed(e: tokio::task::JoinError) -> String {
-    format!("the analysis crashed: {e}")
 }
 
 #[cfg(test)]
