@@ -135,7 +135,7 @@ fn device(a: &DeviceAnalysis, b: &DeviceAnalysis) -> DeviceComparison {
         pinned_free_bytes: Pair::new(pinned_free_bytes(a), pinned_free_bytes(b)),
         call_sites: call_sites(a, b),
         categories: categories(a, b),
-        steps: Both { a: a.memory.steps.len() as u64, b: b.memory.steps.len() as u64 },
+        steps: Both { a: a.memory.step_count(), b: b.memory.step_count() },
         shared_steps_peak_allocated_bytes: shared_steps_peak(a, b),
         steps_note: steps_note(a, b),
     }
@@ -149,11 +149,11 @@ fn shared_steps_peak(a: &DeviceAnalysis, b: &DeviceAnalysis) -> Option<Pair> {
 }
 
 fn steps_note(a: &DeviceAnalysis, b: &DeviceAnalysis) -> Option<String> {
-    let (na, nb) = (a.memory.steps.len(), b.memory.steps.len());
+    let (na, nb) = (a.memory.step_count(), b.memory.step_count());
     if na == nb || na == 0 || nb == 0 {
         return None;
     }
-    let ran = |side: &str, n: usize, d: &DeviceAnalysis| {
+    let ran = |side: &str, n: u64, d: &DeviceAnalysis| {
         if d.ooms.is_empty() { format!("{side} ran {n} steps") } else { format!("{side} died in step {n}") }
     };
     Some(format!(

@@ -26,9 +26,47 @@ pub struct Memory {
     /// loop). False in analyses stored before this was kept.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub forward_passes: bool,
+    /// Steps the trace holds, where that is more than `steps` lists (see [`MAX_STEPS`]); 0
+    /// when `steps` lists them all.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub steps_total: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The most steps an analysis lists: a trace of many tiny steps (or a hostile one) must not
+/// make the document the page loads grow with it. Past it, the first steps are listed, and
+/// the highest and the last.
+pub const MAX_STEPS: usize = 10_000;
+
+/// `steps` within [`MAX_STEPS`], and how many there were when more.
+fn cap_steps(mut steps: Vec<Step>) -> (Vec<Step>, u64) {
+    let total = steps.len();
+    if total <= MAX_STEPS {
+        return (steps, 0);
+    }
+    let last = steps.pop().expect("more than MAX_STEPS");
+    let highest = steps[MAX_STEPS - 2..]
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, s)| (s.peak_allocated_bytes, std::cmp::Reverse(s.index)))
+        .map(|(i, _)| i + MAX_STEPS - 2);
+    let mut kept: Vec<Step> = steps.drain(..MAX_STEPS - 2).collect();
+    if let Some(h) = highest.and_then(|h| steps.get(h - (MAX_STEPS - 2)).cloned()) {
+        kept.push(h);
+    }
+    kept.push(last);
+    (kept, total as u64)
 }
 
 impl Memory {
+    /// How many steps the trace holds (more than `steps` lists past [`MAX_STEPS`]).
+    pub fn step_count(&self) -> u64 {
+        self.steps_total.max(self.steps.len() as u64)
+    }
+
     /// The step whose peak of allocated bytes is highest (the first of equals).
     pub fn highest_step(&self) -> Option<&Step> {
         self.steps.iter().rev().max_by_key(|s| s.peak_allocated_bytes)
@@ -189,5 +227,39 @@ pub fn memory(
     breakdown.push(index.breakdown(snapshot, &replay.end_state(d), Moment::Final, last));
     breakdown.sort_by_key(|b| (b.moment != Moment::Peak, b.moment == Moment::Final, b.event_index));
     let growth = breakdown::growth(snapshot, events, &index.phases, &index.labels, &index.freed, &rules);
-    Memory { breakdown, forward_passes: !steps.is_empty() && index.phases.forward_steps, steps, growth }
+    let forward_passes = !steps.is_empty() && index.phases.forward_steps;
+    let (steps, steps_total) = cap_steps(steps);
+    Memory { breakdown, forward_passes, steps, growth, steps_total }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(index: u32, peak: u64) -> Step {
+        Step {
+            index,
+            first_event: index as u64 * 10,
+            last_event: index as u64 * 10 + 9,
+            peak_allocated_bytes: peak,
+            peak_event: index as u64 * 10 + 5,
+            peak_phase: Phase::Forward,
+        }
+    }
+
+    #[test]
+    fn past_the_cap_the_first_steps_the_highest_and_the_last_are_kept() {
+        let few: Vec<Step> = (0..5).map(|i| step(i, 1)).collect();
+        assert_eq!(cap_steps(few).1, 0, "under the cap: all of them, no total");
+        let n = MAX_STEPS as u32 + 500;
+        let many: Vec<Step> = (0..n).map(|i| step(i, if i == MAX_STEPS as u32 + 100 { 99 } else { 1 })).collect();
+        let (kept, total) = cap_steps(many);
+        assert_eq!((kept.len(), total), (MAX_STEPS, n as u64));
+        let indexes: Vec<u32> = kept.iter().map(|s| s.index).collect();
+        assert_eq!(indexes[MAX_STEPS - 3], MAX_STEPS as u32 - 3);
+        assert_eq!(&indexes[MAX_STEPS - 2..], &[MAX_STEPS as u32 + 100, n - 1], "the highest, then the last");
+        let m = Memory { steps: kept, steps_total: total, ..Default::default() };
+        assert_eq!(m.step_count(), n as u64);
+        assert_eq!(m.highest_step().unwrap().peak_allocated_bytes, 99);
+    }
 }

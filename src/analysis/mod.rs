@@ -373,7 +373,7 @@ fn analyze_device(
     capacity::unweighed_leaks(&memory.growth, &mut diagnosis);
     if ooms.ooms.is_empty() {
         let budget = options.capacity.or(recorded.and_then(|r| r.budget_bytes)).or(options.device_total);
-        let steps = memory.steps.len() as u32;
+        let steps = memory.step_count() as u32;
         if let Some(h) = breakdown::growth_headline(&memory.growth, steps, final_state.reserved_bytes, budget) {
             let rest = diagnosis.summary.trim_start_matches("No OOM in this trace.").trim_start();
             diagnosis.summary = format!("{h} {rest}");

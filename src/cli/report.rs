@@ -70,7 +70,7 @@ pub fn write_diagnosis(out: &mut impl Write, d: &DeviceAnalysis) -> std::io::Res
             writeln!(
                 out,
                 "  steps: {}{}; the highest peak, {} allocated, in step {} at event {}",
-                d.memory.steps.len(),
+                d.memory.step_count(),
                 if d.memory.forward_passes { " (forward passes: no backward in the trace)" } else { "" },
                 bytes(w.peak_allocated_bytes),
                 w.index + 1,

@@ -252,6 +252,8 @@ impl Service {
                 .devices
                 .iter()
                 .find(|x| x.device == device)
+                // Steps past the cap are not listed: such a run is drawn by the share of events.
+                .filter(|x| x.memory.steps_total == 0)
                 .map(|x| x.memory.steps.iter().map(|s| (s.first_event, s.last_event)).collect())
                 .unwrap_or_default(),
             Err(_) => Vec::new(),

@@ -108,7 +108,7 @@ pub(crate) fn fills(d: &DeviceAnalysis) -> Fills {
     let steps = match m.highest_step() {
         Some(w) => format!(
             "{} {} found; the highest peak, {} allocated, in {} {} during the {}.",
-            m.steps.len(),
+            m.step_count(),
             if m.forward_passes { "forward passes (steps without a backward)" } else { "training steps" },
             bytes(w.peak_allocated_bytes),
             if m.forward_passes { "pass" } else { "step" },
