@@ -101,7 +101,14 @@ impl IntoResponse for ApiError {
             tracing::error!(error = %e, "internal error");
         }
         let (status, code, detail) = self.parts();
-        (status, Json(json!({"error": code, "detail": detail}))).into_response()
+        let mut r = (status, Json(json!({"error": code, "detail": detail}))).into_response();
+        // A refused or cut-off upload may leave part of its body unread (past the drain's
+        // bounds, or a form's last boundary): the connection is closed after the answer, and
+        // says so, so that a client does not send its next request on it and see a reset.
+        if matches!(status, StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT) {
+            r.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+        }
+        r
     }
 }
 

@@ -162,6 +162,8 @@ fn uploads_far_over_the_limit_get_their_413_and_not_a_reset() {
     let check = |r: reqwest::Result<reqwest::blocking::Response>, how: &str| {
         let r = r.unwrap_or_else(|e| panic!("{how}: no answer but {e:?}"));
         assert_eq!(r.status().as_u16(), 413, "{how}");
+        // Its body may be partly unread: the connection is not offered for the next request.
+        assert_eq!(r.headers().get("connection").map(|v| v.as_bytes()), Some(&b"close"[..]), "{how}");
         let e: Value = r.json().unwrap();
         assert!(e["detail"].as_str().unwrap_or_default().contains("limit"), "{how}: {e}");
     };
