@@ -142,7 +142,7 @@ async fn readyz(State(app): State<AppState>) -> axum::response::Response {
     use axum::response::IntoResponse;
     match app.service.ready().await {
         Ok(()) => "ready".into_response(),
-        Err(why) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
+        Err(why) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, why.to_string()).into_response(),
     }
 }
 
