@@ -278,8 +278,7 @@ impl Service {
     /// `/metrics`: the counters, and gauges read from the store now.
     pub async fn metrics(&self) -> Result<String, ServiceError> {
         let (by_status, stored_bytes, runs) = self.store.meta.gauges().await?;
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+        let now = worker::unix_now();
         let (queued, running) = self.store.meta.queue_depth(now).await?;
         let budget_free_bytes = self.worker.memory_free();
         let gauges = metrics::Gauges { by_status, stored_bytes, runs, budget_free_bytes, queued, running };

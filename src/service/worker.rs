@@ -54,9 +54,7 @@ impl Default for Leases {
     }
 }
 
-pub(super) fn unix_now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
-}
+pub(super) use crate::store::unix_now;
 
 #[derive(Clone)]
 pub struct Worker {

@@ -108,7 +108,8 @@ fn lower_hex(s: &str) -> bool {
     s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-fn now() -> i64 {
+/// Now, in unix seconds: the one clock of rows, leases and retention.
+pub fn unix_now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
@@ -336,7 +337,7 @@ impl Store {
             status: Status::Queued,
             error: None,
             verdict: None,
-            created_at: now(),
+            created_at: unix_now(),
             run_id: None,
             rank: label.rank,
             summary: None,

@@ -155,7 +155,7 @@ impl Meta {
             .bind(error)
             .bind(verdict)
             .bind(summary_json(summary))
-            .bind(super::super::now())
+            .bind(crate::store::unix_now())
             .bind(sha256)
             .execute(&mut *tx)
             .await?;
