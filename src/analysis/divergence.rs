@@ -99,12 +99,18 @@ const SITES: usize = 5;
 const BATCH_RATIO: f64 = 1.2;
 
 /// What `rank` (on `d`) held more than `median_rank` (on `m`).
-pub fn divergence(rank: i64, picked: Picked, d: &DeviceAnalysis, median_rank: i64, m: &DeviceAnalysis) -> Option<Divergence> {
+pub fn divergence(
+    rank: i64,
+    picked: Picked,
+    d: &DeviceAnalysis,
+    median_rank: i64,
+    m: &DeviceAnalysis,
+) -> Option<Divergence> {
     let a = key_breakdown(d)?;
     let b = m.memory.breakdown.iter().find(|b| b.moment == Moment::Peak).or_else(|| key_breakdown(m))?;
     let categories = category_deltas(a, b);
     let call_sites = site_deltas(a, b);
-    let size_ratio = size_ratio(a, b);
+    let size_ratio = size_ratio(&call_sites);
     let mut out = Divergence {
         rank,
         picked,
@@ -175,9 +181,9 @@ fn site_deltas(a: &Breakdown, b: &Breakdown) -> Vec<SiteDelta> {
 
 /// The bytes-weighted median of the block-size ratios at matched sites whose blocks scale
 /// with the batch (activations, temporaries, inputs).
-fn size_ratio(a: &Breakdown, b: &Breakdown) -> Option<f64> {
-    let mut ratios: Vec<(f64, u64)> = site_deltas(a, b)
-        .into_iter()
+fn size_ratio(sites: &[SiteDelta]) -> Option<f64> {
+    let mut ratios: Vec<(f64, u64)> = sites
+        .iter()
         .filter(|s| matches!(s.category.as_str(), "activation" | "temporary" | "input"))
         .filter_map(|s| s.size_ratio.map(|r| (r, s.rank_bytes.min(s.median_bytes))))
         .collect();
@@ -220,27 +226,29 @@ fn sentence(d: &Divergence) -> String {
     let Some(top) = top else {
         return format!("Rank {} held no category more {when}.", d.rank);
     };
-    let mut s = format!(
-        "Rank {} held {} more {} {when}",
-        d.rank,
-        bytes(top.delta as u64),
-        top.category.replace('_', " ")
-    );
+    let mut s =
+        format!("Rank {} held {} more {} {when}", d.rank, bytes(top.delta as u64), top.category.replace('_', " "));
     if let Some(site) = d.call_sites.iter().find(|s| s.category == top.category).or(d.call_sites.first()) {
         s += &format!(", {} more of it made at {}", bytes(site.delta as u64), site.call_site);
     }
     // One decimal, rounded half up (1.95 reads as 2.0).
     let one = |r: f64| (r * 10.0).round() / 10.0;
     match d.size_ratio {
-        Some(r) if r >= BATCH_RATIO => s += &format!(
-            "; its allocations at the same call sites are {:.1}x the median rank's, as a batch (or sequence) {:.1}x larger makes them",
-            one(r),
-            one(r)
-        ),
-        Some(r) if r <= 1.0 / BATCH_RATIO => {
-            s += &format!("; its allocations at the same call sites are {r:.2}x the median rank's: smaller, so it held more of them")
+        Some(r) if r >= BATCH_RATIO => {
+            s += &format!(
+                "; its allocations at the same call sites are {:.1}x the median rank's, as a batch (or sequence) {:.1}x larger makes them",
+                one(r),
+                one(r)
+            )
         }
-        Some(_) => s += "; its allocations at the same call sites are the median rank's size: it held more of them, not larger ones",
+        Some(r) if r <= 1.0 / BATCH_RATIO => {
+            s += &format!(
+                "; its allocations at the same call sites are {r:.2}x the median rank's: smaller, so it held more of them"
+            )
+        }
+        Some(_) => {
+            s += "; its allocations at the same call sites are the median rank's size: it held more of them, not larger ones"
+        }
         None => {}
     }
     s + "."
@@ -280,9 +288,11 @@ mod tests {
 
     #[test]
     fn twice_the_block_sizes_at_the_same_sites_read_as_a_batch_twice_as_large() {
-        let a = breakdown(Moment::Oom, &[("m.py", Category::Activation, 800, 4), ("w.py", Category::Parameter, 100, 1)]);
-        let b = breakdown(Moment::Peak, &[("m.py", Category::Activation, 400, 4), ("w.py", Category::Parameter, 100, 1)]);
-        assert_eq!(size_ratio(&a, &b), Some(2.0));
+        let a =
+            breakdown(Moment::Oom, &[("m.py", Category::Activation, 800, 4), ("w.py", Category::Parameter, 100, 1)]);
+        let b =
+            breakdown(Moment::Peak, &[("m.py", Category::Activation, 400, 4), ("w.py", Category::Parameter, 100, 1)]);
+        assert_eq!(size_ratio(&site_deltas(&a, &b)), Some(2.0));
         let sites = site_deltas(&a, &b);
         assert_eq!((sites[0].call_site.as_str(), sites[0].delta), ("m.py:1 (f)", 400));
         let c = category_deltas(&a, &b);
@@ -293,7 +303,7 @@ mod tests {
     fn more_blocks_of_the_same_size_are_not_a_larger_batch() {
         let a = breakdown(Moment::Oom, &[("m.py", Category::Activation, 800, 8)]);
         let b = breakdown(Moment::Peak, &[("m.py", Category::Activation, 400, 4)]);
-        assert_eq!(size_ratio(&a, &b), Some(1.0));
+        assert_eq!(size_ratio(&site_deltas(&a, &b)), Some(1.0));
         let sites = site_deltas(&a, &b);
         assert_eq!(sites[0].size_ratio, Some(1.0));
     }

@@ -133,11 +133,16 @@ impl RunSummary {
         use super::divergence::Picked;
         let (rank, picked) = match self.oom_ranks.first() {
             Some(r) => (*r, Picked::Oom),
-            None if self.imbalance? >= EXPLAIN_IMBALANCE => (self.peak_reserved_bytes.rank_of_max?, Picked::HighestPeak),
+            None if self.imbalance? >= EXPLAIN_IMBALANCE => {
+                (self.peak_reserved_bytes.rank_of_max?, Picked::HighestPeak)
+            }
             None => return None,
         };
-        let mut others: Vec<(u64, i64)> =
-            ranks.iter().filter(|(r, _)| *r != rank).filter_map(|(r, s)| s.map(|s| (s.peak_reserved_bytes, *r))).collect();
+        let mut others: Vec<(u64, i64)> = ranks
+            .iter()
+            .filter(|(r, _)| *r != rank)
+            .filter_map(|(r, s)| s.map(|s| (s.peak_reserved_bytes, *r)))
+            .collect();
         others.sort_unstable();
         let median = others.get(others.len().checked_sub(1)? / 2)?.1;
         Some((rank, picked, median))

@@ -147,16 +147,21 @@ fn event_of(held: &Held, i: usize, event: &Option<EventArg>) -> Result<Option<u6
 }
 
 impl Server {
-    /// The file parsed and analysed, from the last call when it has not changed since.
-    fn held(&self, file: &str) -> Result<Arc<Held>, String> {
+    /// The last call's parse, when it was of this file and the file has not changed since.
+    fn cached(&self, file: &str) -> Result<Option<Arc<Held>>, String> {
         let path = PathBuf::from(file);
         let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
-        if let Some(h) = self.held.lock().map_err(|e| e.to_string())?.as_ref()
-            && h.path == path
-            && h.modified == modified
-        {
-            return Ok(h.clone());
+        let held = self.held.lock().map_err(|e| e.to_string())?;
+        Ok(held.as_ref().filter(|h| h.path == path && h.modified == modified).cloned())
+    }
+
+    /// The file parsed and analysed, from the last call when it has not changed since.
+    fn held(&self, file: &str) -> Result<Arc<Held>, String> {
+        if let Some(h) = self.cached(file)? {
+            return Ok(h);
         }
+        let path = PathBuf::from(file);
+        let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
         let (snapshot, source) = read(&path)?;
         let analyzed = analysis::analyze(&snapshot, source, analysis::Depth::Serve);
         let held = Arc::new(Held { path, modified, snapshot, analyzed });
@@ -243,9 +248,17 @@ impl Server {
         description = "Replays the trace through a model of PyTorch's caching allocator under other settings (PYTORCH_CUDA_ALLOC_CONF, a MemPool or a reused buffer for one call site) within a budget: whether it would still run out of memory, and its peaks."
     )]
     async fn simulate(&self, Parameters(a): Parameters<SimulateArgs>) -> Result<CallToolResult, ErrorData> {
+        let me = self.clone();
         Ok(blocking(move || {
-            let (snapshot, _) = read(Path::new(&a.file))?;
-            let i = device_index(&snapshot, a.device)?;
+            // The file an earlier call parsed is not parsed again (a simulation needs no analysis:
+            // an unheld file is only read).
+            let held = me.cached(&a.file)?;
+            let read_now = match &held {
+                Some(_) => None,
+                None => Some(read(Path::new(&a.file))?.0),
+            };
+            let snapshot = held.as_ref().map(|h| &h.snapshot).or(read_now.as_ref()).expect("one of them");
+            let i = device_index(snapshot, a.device)?;
             let settings = crate::simulate::Settings {
                 conf: a.conf,
                 capacity: a.capacity_bytes,
@@ -253,7 +266,7 @@ impl Server {
                 reuse: a.reuse,
                 shrink: None,
             };
-            Ok(json(&crate::simulate::simulate(&snapshot, &snapshot.devices[i], &settings).map_err(|e| e.to_string())?))
+            Ok(json(&crate::simulate::simulate(snapshot, &snapshot.devices[i], &settings).map_err(|e| e.to_string())?))
         })
         .await)
     }

@@ -10,8 +10,8 @@ mod intake;
 pub mod loaded;
 mod lookup;
 pub mod metrics;
-mod retention;
 mod prepare;
+mod retention;
 pub mod runs;
 pub mod worker;
 
@@ -23,10 +23,8 @@ use crate::ingest::{self, IngestError};
 use crate::store::Store;
 pub use intake::{Arrived, Intake, IntakeError};
 // What the web layer needs of the store's types, through its one door.
-pub use crate::store::{
-    Label, RunRow, SnapshotRow, Status, StoreError, io_disk_full, redact, valid_id,
-};
 pub(crate) use crate::store::same_secret;
+pub use crate::store::{Label, RunRow, SnapshotRow, Status, StoreError, io_disk_full, redact, valid_id};
 use loaded::{Entry, Loaded};
 use worker::Worker;
 
@@ -143,10 +141,8 @@ impl Service {
         };
         let store = Arc::new(Store::open_with(&config.data_dir, &options).await?);
         store.clean_after_crash().await?;
-        let leases = worker::Leases {
-            lease: std::time::Duration::from_secs(config.lease_seconds.max(3)),
-            ..Default::default()
-        };
+        let leases =
+            worker::Leases { lease: std::time::Duration::from_secs(config.lease_seconds.max(3)), ..Default::default() };
         let sizes = (config.analysis_workers, config.loaded_snapshots, config.memory_budget());
         Ok(Service::start(store, sizes, leases).await?)
     }
@@ -237,7 +233,12 @@ impl Service {
         if up.bytes <= CHECK_BEFORE_ANSWER {
             // Two checks at most, on slots and memory of their own (carved out of the budget in
             // `start`), so an upload never waits behind analyses.
-            let _slot = self.worker.checks.acquire().await.map_err(|e| ServiceError::internal("waiting for a check's slot")(e.into()))?;
+            let _slot = self
+                .worker
+                .checks
+                .acquire()
+                .await
+                .map_err(|e| ServiceError::internal("waiting for a check's slot")(e.into()))?;
             let temp = up.temp.clone();
             let options = ingest_options(self.worker.budget());
             tokio::task::spawn_blocking(move || ingest::ingest_path(&temp, &options).map(|_| ()))

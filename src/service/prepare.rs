@@ -92,7 +92,10 @@ impl Prepared {
         let verdict = analysis.devices.first().map(|d| d.diagnosis.verdict.as_str()).unwrap_or("no_oom");
         let devices = entry.snapshot.devices.iter().map(|d| d.device).zip(&timelines).collect();
         let written = Written { analysis: &analysis, maps, timelines: devices };
-        store.results.write(&sha256, &written).map_err(|e| AnalysisError::Write { doing: "write", source: e.into() })?;
+        store
+            .results
+            .write(&sha256, &written)
+            .map_err(|e| AnalysisError::Write { doing: "write", source: e.into() })?;
         Ok((verdict.to_string(), Summary::of(&analysis), entry))
     }
 }

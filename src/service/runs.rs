@@ -206,15 +206,12 @@ impl Service {
     pub async fn curves(&self, rows: &[SnapshotRow], points: usize, by_step: bool) -> Result<Curves, ServiceError> {
         let mut series = Vec::with_capacity(rows.len());
         for row in rows {
-            series.push(self.series(row, points).await?);
+            series.push(self.series(row, points, by_step).await?);
         }
-        let steps: Option<Vec<Vec<(u64, u64)>>> = series
-            .iter()
-            .flatten()
-            .map(|(_, steps)| (!steps.is_empty()).then(|| steps.clone()))
-            .collect::<Option<Vec<_>>>()
-            .filter(|s| by_step && !s.is_empty());
-        let most = steps.as_ref().map(|s| s.iter().map(|s| s.len()).max().unwrap_or(0) as u32);
+        // By step only when every ready snapshot has steps (and one is ready).
+        let ready = || series.iter().flatten();
+        let by_step = by_step && ready().next().is_some() && ready().all(|(_, steps)| !steps.is_empty());
+        let most = by_step.then(|| ready().map(|(_, steps)| steps.len()).max().unwrap_or(0) as u32);
         let curves = series
             .iter()
             .map(|s| {
@@ -230,12 +227,13 @@ impl Service {
         Ok(Curves { points, curves, steps: most })
     }
 
-    /// A ready snapshot's timeline in `points` buckets and its steps' event ranges (None:
-    /// not ready, or gone).
+    /// A ready snapshot's timeline in `points` buckets and, `by_step`, its steps' event ranges
+    /// (read from its analysis only then). None: not ready, or gone.
     async fn series(
         &self,
         row: &SnapshotRow,
         points: usize,
+        by_step: bool,
     ) -> Result<Option<(crate::analysis::timeline::Downsampled, Vec<(u64, u64)>)>, ServiceError> {
         if row.status != Status::Ready {
             return Ok(None);
@@ -247,6 +245,9 @@ impl Service {
             Err(ServiceError::Missing(_)) => return Ok(None),
             Err(e) => return Err(e),
         };
+        if !by_step {
+            return Ok(Some((d, Vec::new())));
+        }
         let steps = match self.analysis(&row).await {
             Ok(a) => a
                 .devices

@@ -80,6 +80,18 @@ pub(crate) async fn screenshot(c: &Client, name: &str) {
     std::fs::write(dir.join(format!("{name}.png")), c.screenshot().await.unwrap()).unwrap();
 }
 
+/// Waits until `script` returns something other than null or false, and returns it.
+pub(crate) async fn wait_for(c: &Client, script: &str) -> Value {
+    for _ in 0..600 {
+        let v = js(c, script).await;
+        if v != Value::Null && v != Value::Bool(false) {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("never true: {script}");
+}
+
 /// Waits until the page has drawn its data (snapshot.js sets `data-ready`).
 pub(crate) async fn wait_ready(c: &Client) {
     for _ in 0..200 {

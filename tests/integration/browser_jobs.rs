@@ -2,24 +2,11 @@
 //! dropped at once become one run and land on its page; the OOM rank is marked; ranks sort;
 //! 64 ranks draw as small multiples; a comparison names both verdicts and what changed.
 
-use std::time::Duration;
-
-use fantoccini::{Client, Locator};
+use fantoccini::Locator;
 use serde_json::Value;
 
-use crate::browser::{browser, driver, js, runtime, wait_ready};
+use crate::browser::{browser, driver, js, runtime, wait_for, wait_ready};
 use crate::util::*;
-
-async fn wait_for(c: &Client, script: &str) -> Value {
-    for _ in 0..600 {
-        let v = js(c, script).await;
-        if v != Value::Null && v != Value::Bool(false) {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("never true: {script}");
-}
 
 /// Several files at once make one run and land on its page; a rank's page deletes it.
 #[test]

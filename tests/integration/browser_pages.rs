@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::browser::{browser, driver, js, runtime, wait_ready};
+use crate::browser::{browser, driver, js, runtime, wait_for, wait_ready};
 use crate::util::*;
 
 #[test]
@@ -152,14 +152,8 @@ fn the_icicle_draws_the_memory_at_the_cursor_and_zooms_on_a_click() {
         let c = browser(&d).await;
         c.goto(&server.url(&format!("/s/{id}"))).await.unwrap();
         wait_ready(&c).await;
-        let mut nodes = 0;
-        for _ in 0..200 {
-            nodes = js(&c, "return Number(document.getElementById('flame').dataset.nodes || 0)").await.as_u64().unwrap();
-            if nodes > 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let drawn = "const n = Number(document.getElementById('flame').dataset.nodes || 0); return n > 2 && n";
+        let nodes = wait_for(&c, drawn).await.as_u64().unwrap();
         assert!(nodes > 2, "the icicle was drawn: {nodes} nodes");
         let event = js(&c, "return [document.getElementById('flame').dataset.event, document.getElementById('event-label').textContent]").await;
         assert!(event[1].as_str().unwrap().starts_with(&format!("After event {} ", event[0].as_str().unwrap())), "{event}");

@@ -8,18 +8,8 @@ use std::time::Duration;
 use fantoccini::Client;
 use serde_json::Value;
 
-use crate::browser::{browser, driver, js, runtime, screenshot, wait_ready};
+use crate::browser::{browser, driver, js, runtime, screenshot, wait_for, wait_ready};
 use crate::util::*;
-
-async fn wait_for(c: &Client, script: &str) {
-    for _ in 0..600 {
-        if js(c, script).await == Value::Bool(true) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("never true: {script}");
-}
 
 /// Checks the open page at `width` and keeps its screenshot, the whole length of it.
 async fn look(c: &Client, name: &str, width: u32) {
@@ -67,7 +57,14 @@ fn every_kind_of_page_fits_1500_and_1000_px() {
     assert!(!page(2).contains("training steps"), "inference");
     // The leak's highest step is its last, counted from 1: "14 training steps found; ... in step 14".
     let leak = page(1);
-    let n = leak.split(" training steps found").next().unwrap().rsplit(|c: char| !c.is_ascii_digit()).next().unwrap().to_string();
+    let n = leak
+        .split(" training steps found")
+        .next()
+        .unwrap()
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .to_string();
     assert!(leak.contains(&format!(" in step {n} during")), "{n}");
     // Four ranks: ranks3's three, and rank 0's file again as rank 3.
     let mut run = String::new();

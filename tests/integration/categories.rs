@@ -390,14 +390,20 @@ fn active_memory_tops_out_at_the_peak() {
     for name in ["ranks3_rank0", "ranks3_rank1"] {
         let id = server.upload(&path(name))["id"].as_str().unwrap().to_string();
         server.wait_done(&id);
-        let truth: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join(format!("categories/{name}.truth.json"))).unwrap()).unwrap();
+        let truth: Value = serde_json::from_str(
+            &std::fs::read_to_string(fixtures().join(format!("categories/{name}.truth.json"))).unwrap(),
+        )
+        .unwrap();
         let peak = truth["memory_stats"]["allocated_bytes.all.peak"].as_u64().unwrap();
         for by in ["category", "site"] {
             let chart = server.get_json(&format!("/api/v1/snapshots/{id}/devices/0/active?by={by}&points=50"));
             let columns = chart["event"].as_array().unwrap().len();
             let value = |s: &Value, i: usize| s["values"][i].as_u64().unwrap();
             let top = (0..columns)
-                .map(|i| chart["sites"].as_array().unwrap().iter().map(|s| value(s, i)).sum::<u64>() + chart["other"][i].as_u64().unwrap())
+                .map(|i| {
+                    chart["sites"].as_array().unwrap().iter().map(|s| value(s, i)).sum::<u64>()
+                        + chart["other"][i].as_u64().unwrap()
+                })
                 .max()
                 .unwrap();
             assert!(top.abs_diff(peak) as f64 <= 0.005 * peak as f64, "{name} by {by}: top {top}, peak {peak}");

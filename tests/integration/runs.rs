@@ -92,7 +92,10 @@ pub fn a_job_s_ranks_make_one_run_that_names_the_oom_rank() {
     assert_eq!(why["categories"][0]["category"], "activation", "{why}");
     assert!(why["categories"][0]["delta"].as_i64().unwrap() > 1 << 30, "{why}");
     let sentence = why["sentence"].as_str().unwrap();
-    assert!(sentence.starts_with("Rank 1 held ") && sentence.contains("activation") && sentence.contains("2.0x"), "{sentence}");
+    assert!(
+        sentence.starts_with("Rank 1 held ") && sentence.contains("activation") && sentence.contains("2.0x"),
+        "{sentence}"
+    );
     let site = why["call_sites"][0]["call_site"].as_str().unwrap();
     assert!(site.contains("gen_category_snapshots.py:"), "{site}");
     let compare = why["compare_url"].as_str().unwrap();
@@ -226,7 +229,11 @@ fn curves_by_step_end_where_the_shorter_run_stopped() {
     let drawn = |c: usize| (0..120).filter(|i| !value(c, *i).is_nan()).count();
     assert_eq!(drawn(0), 120, "the longer run spans the axis");
     let want = 120 * short as usize / full as usize;
-    assert!(drawn(1).abs_diff(want) <= 2, "rank 1 stops at step {short} of {full}: {} of 120 points, want {want}", drawn(1));
+    assert!(
+        drawn(1).abs_diff(want) <= 2,
+        "rank 1 stops at step {short} of {full}: {} of 120 points, want {want}",
+        drawn(1)
+    );
     let peak = truths[1]["memory_stats"]["reserved_bytes.all.peak"].as_f64().unwrap();
     let max = (0..120).map(|i| value(1, i)).filter(|v| !v.is_nan()).fold(0f32, f32::max) as f64;
     assert!((max - peak).abs() / peak < 1e-6, "{max} vs {peak}");

@@ -92,7 +92,10 @@ pub(crate) async fn curves(State(app): State<AppState>, Query(q): Query<CurvesQu
     // The axis the curves were put on: `steps=N` when by step, else `share`.
     let axis = curves.steps.map(|n| format!("steps={n}")).unwrap_or_else(|| "share".into());
     Ok((
-        [(header::CONTENT_TYPE, "application/octet-stream".to_string()), (header::HeaderName::from_static("x-fragscope-axis"), axis)],
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (header::HeaderName::from_static("x-fragscope-axis"), axis),
+        ],
         curves.to_bytes(),
     )
         .into_response())

@@ -7,8 +7,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-use crate::service::runs::MAX_RANK;
 use crate::service::Label;
+use crate::service::runs::MAX_RANK;
 use crate::service::{SnapshotRow, Status};
 use crate::web::error::ApiError;
 use crate::web::extract::{Path, Query};
@@ -129,12 +129,9 @@ pub(crate) struct StatusView {
 pub(crate) fn status_view(app: &AppState, row: SnapshotRow) -> StatusView {
     let progress = match row.status {
         Status::Ready => 1.0,
-        Status::Analyzing => app
-            .service
-            .progress(&row.sha256)
-            .map(|read| read as f64 / row.bytes.max(1) as f64)
-            .unwrap_or(0.0)
-            .min(0.99),
+        Status::Analyzing => {
+            app.service.progress(&row.sha256).map(|read| read as f64 / row.bytes.max(1) as f64).unwrap_or(0.0).min(0.99)
+        }
         Status::Queued | Status::Failed => 0.0,
     };
     StatusView {

@@ -13,9 +13,9 @@ use serde_json::{Value, json};
 
 use crate::analysis::{Analysis, DeviceAnalysis};
 use crate::analysis::{active, gaps, map};
+use crate::service::SnapshotRow;
 use crate::service::loaded::Entry;
 use crate::snapshot::sites;
-use crate::service::SnapshotRow;
 use crate::web::AppState;
 use crate::web::error::ApiError;
 use crate::web::extract::{Path, Query};
