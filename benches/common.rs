@@ -87,5 +87,11 @@ pub fn machine() -> String {
     } else {
         format!("idle (load {load:.2})")
     };
-    format!("machine: {model}, {cores} cores available, {busy}")
+    let probe = fragscope::machine::cores::probe();
+    let second = if probe.second_core_free() { "free" } else { "not free" };
+    format!(
+        "machine: {model}, {cores} cores available, {busy}; second core {second} (a thread beside this one kept {}% of \
+         its lone pace, this one {}%)",
+        probe.second_share, probe.first_share
+    )
 }

@@ -5,7 +5,7 @@
 //!
 //! Data flows one way, one module per stage:
 //!
-//! 0. `units`, `config`, `pages` (memory pages and the allocator's tuning): used by any.
+//! 0. `units`, `config`, [`machine`] (memory pages, the allocator's tuning, free cores): used by any.
 //! 1. `reader`: hostile bytes to values (pickle or JSON); never executes, caps everything.
 //! 2. [`snapshot`]: values to the typed model (segments, blocks, compact events, stacks).
 //! 3. [`ingest`]: the only caller of the reader: sniffs and decompresses, then 1 and 2.
@@ -24,7 +24,7 @@ pub mod analysis;
 pub mod cli;
 pub(crate) mod config;
 pub mod ingest;
-pub(crate) mod pages;
+pub mod machine;
 pub(crate) mod reader;
 pub mod replay;
 pub(crate) mod service;

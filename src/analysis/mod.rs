@@ -248,7 +248,7 @@ fn analyze_device(
         // thread's hold on the memory map: 0.17 s for the serving analysis instead of 0.14.
         // 16 MiB at a time makes those waits few; a process that serves keeps that much more
         // memory. The command line's report depth faults nothing in and keeps the default.
-        crate::pages::grow_heap_by(16 << 20);
+        crate::machine::pages::grow_heap_by(16 << 20);
     }
     let (replay, pass_rest, side) = std::thread::scope(|scope| {
         let (tx_before, rx_before) = std::sync::mpsc::channel();

@@ -131,7 +131,7 @@ mod tests {
         };
         let source = || crate::snapshot::Source {
             bytes: 0,
-            sha256: String::new(),
+            sha256: None,
             encoding: "pickle".into(),
             compression: "none".into(),
             pickle_protocol: None,

@@ -108,7 +108,7 @@ pub struct Unwritten([std::ops::Range<usize>; 5]);
 
 impl Unwritten {
     /// Faults in the pages the series will fill, a few MiB of each column in turn, ahead of
-    /// the replay that writes them ([`crate::pages::populate_write`]): the first write to each
+    /// the replay that writes them ([`crate::machine::pages::populate_write`]): the first write to each
     /// page costs a fault and a page of zeros (a tenth of the serving replay's time on
     /// big_trace), which this pays on the other core instead.
     pub fn prefault(&self) {
@@ -117,7 +117,7 @@ impl Unwritten {
         for at in (0..longest).step_by(STEP) {
             for r in &self.0 {
                 // The caller keeps the timeline until this returns: the ranges stay its columns'.
-                crate::pages::populate_write((r.start + at).min(r.end)..(r.start + at + STEP).min(r.end));
+                crate::machine::pages::populate_write((r.start + at).min(r.end)..(r.start + at + STEP).min(r.end));
             }
         }
     }

@@ -53,6 +53,10 @@ pub enum Command {
         /// outside PyTorch's allocator.
         #[arg(long, value_parser = crate::config::parse_size)]
         device_total: Option<u64>,
+        /// Also print the file's sha256, the address the server keeps it under. It is not
+        /// computed otherwise: on a CPU without SHA instructions it costs more than the analysis.
+        #[arg(long)]
+        sha256: bool,
     },
     /// Replay the trace through a model of the caching allocator under other settings.
     Simulate {
@@ -122,10 +126,12 @@ pub fn run(cli: Cli) -> ExitCode {
                 ExitCode::from(1)
             }
         },
-        Command::Analyze { file, json, capacity, device_total } => match analyze(&file, json, capacity, device_total) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => fail(&file, e),
-        },
+        Command::Analyze { file, json, capacity, device_total, sha256 } => {
+            match analyze(&file, json, analysis::Options { capacity, device_total }, sha256) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&file, e),
+            }
+        }
         Command::Simulate { file, device, conf, mempool, reuse, capacity, json } => {
             let settings = crate::simulate::Settings { conf, capacity, mempool, reuse, shrink: None };
             match simulate(&file, device, &settings, json) {
@@ -334,9 +340,9 @@ pub(crate) fn options() -> ingest::Options {
 }
 
 /// The server's reading options (`service::ingest_options`, which the CLI may not use) with
-/// a budget always set.
+/// a budget always set, and no hash: only `analyze --sha256` prints one.
 fn options_within(budget: u64) -> ingest::Options {
-    ingest::Options { memory: Some(analysis::cost::costs(budget)), ..ingest::Options::default() }
+    ingest::Options { memory: Some(analysis::cost::costs(budget)), hash: false, ..ingest::Options::default() }
 }
 
 fn fail(file: &std::path::Path, e: IngestError) -> ExitCode {
@@ -347,16 +353,12 @@ fn fail(file: &std::path::Path, e: IngestError) -> ExitCode {
     }
 }
 
-fn analyze(
-    file: &std::path::Path,
-    json: bool,
-    capacity: Option<u64>,
-    device_total: Option<u64>,
-) -> Result<(), IngestError> {
-    let options = analysis::Options { capacity, device_total };
-    // The analysis runs while the file's hash is finished; its source is filled in after.
+fn analyze(file: &std::path::Path, json: bool, options: analysis::Options, hash: bool) -> Result<(), IngestError> {
+    // Where the file's hash is asked for, the analysis runs while it is finished; its source
+    // is filled in after.
     let budget = crate::config::cli_memory_budget();
-    let (ingested, analyzed) = ingest::ingest_path_then(file, &options_within(budget), |snapshot| {
+    let reading = ingest::Options { hash, ..options_within(budget) };
+    let (ingested, analyzed) = ingest::ingest_path_then(file, &reading, |snapshot| {
         analysis::cost::within(snapshot, budget)?;
         Ok(analysis::analyze_with(snapshot, crate::snapshot::Source::default(), analysis::Depth::Report, options))
     })?;
@@ -387,11 +389,11 @@ fn write_text(out: &mut impl Write, file: &std::path::Path, a: &Analysis) -> std
     let compression = if s.compression == "none" { String::new() } else { format!(", {}", s.compression) };
     writeln!(
         out,
-        "{}: {}{protocol}{compression}, {}, sha256 {}",
+        "{}: {}{protocol}{compression}, {}{}",
         file.display(),
         s.encoding,
         bytes(s.bytes),
-        s.sha256
+        s.sha256.as_ref().map(|h| format!(", sha256 {h}")).unwrap_or_default()
     )?;
     if a.devices.is_empty() {
         writeln!(out, "no segments and no trace: nothing was allocated while recording")?;

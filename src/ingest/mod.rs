@@ -33,6 +33,8 @@ pub struct Options {
     pub progress: Option<Arc<AtomicU64>>,
     /// When a file on disk is read in two parts at once (None: never).
     pub two_parts: Option<TwoParts>,
+    /// Whether the raw bytes are hashed (`Source::sha256`) as they are read.
+    pub hash: bool,
     /// The memory the read, the model and the analysis may take together, and what each
     /// part costs (`analysis::cost::costs`): the reader's values, the events and each
     /// segment's blocks are charged to it before they are made. None: only the counts cap them.
@@ -47,6 +49,7 @@ impl Default for Options {
             max_ratio: 200,
             progress: None,
             two_parts: TwoParts::where_cores_allow(),
+            hash: true,
             memory: None,
         }
     }
@@ -66,23 +69,30 @@ pub struct TwoParts {
     pub quiet: u64,
     /// It starts this share of the way through what is left then (thousandths).
     pub later_share: u64,
+    /// Probe for a free second core before each such read (false: always two parts).
+    pub measure: bool,
 }
 
 impl TwoParts {
-    /// The split, where the machine has a core for each part and one more for the hash. On
-    /// two cores the hash shares a core with the parts, and what the split costs besides (the
-    /// later part's walk to its start, the copies it takes in: a quarter more CPU time) is
-    /// not won back: `analyze --json` on big_trace took 0.415 s in one part and 0.426 s in two
-    /// (mean of 15 alternated runs each), with 2 MiB more peak memory in two.
+    /// The split, where the machine has two cores or more; whether a file is then read in two
+    /// parts is measured when it is opened ([`TwoParts::measure`]).
     pub fn where_cores_allow() -> Option<TwoParts> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        (cores >= 3).then(TwoParts::default)
+        (cores >= 2).then(TwoParts::default)
+    }
+
+    /// Whether a file that qualifies is read in two parts now: where `measure` is set, only if
+    /// a second core is free at the moment (`machine::cores::probe`, 5 ms). Two parts take a
+    /// quarter more CPU time in all (the later part's walk to its start, the copies it takes
+    /// in), which a busy second core does not win back.
+    fn now(&self) -> bool {
+        !self.measure || crate::machine::cores::probe().second_core_free()
     }
 }
 
 impl Default for TwoParts {
     fn default() -> Self {
-        TwoParts { min_bytes: 48 << 20, min_items: 4000, fork_share: 20, quiet: 4000, later_share: 560 }
+        TwoParts { min_bytes: 48 << 20, min_items: 4000, fork_share: 20, quiet: 4000, later_share: 560, measure: true }
     }
 }
 
@@ -165,7 +175,7 @@ struct Prefetch {
     spent: std::sync::mpsc::Sender<Vec<u8>>,
     current: Vec<u8>,
     pos: usize,
-    done: Option<std::thread::JoinHandle<(String, u64)>>,
+    done: Option<std::thread::JoinHandle<(Option<String>, u64)>>,
 }
 
 /// Bytes a chunk: small enough that the chunks in flight (the channel holds four) stay a
@@ -173,7 +183,7 @@ struct Prefetch {
 const CHUNK: usize = 256 << 10;
 
 impl Prefetch {
-    fn start<R: Read + Send + 'static>(mut raw: R, progress: Option<Arc<AtomicU64>>) -> Self {
+    fn start<R: Read + Send + 'static>(mut raw: R, progress: Option<Arc<AtomicU64>>, hash: bool) -> Self {
         let (tx, rx) = std::sync::mpsc::sync_channel(4);
         let (spent_tx, spent_rx) = std::sync::mpsc::channel::<Vec<u8>>();
         let done = std::thread::spawn(move || {
@@ -189,7 +199,9 @@ impl Prefetch {
                     }
                 };
                 buf.truncate(n);
-                hasher.update(&buf);
+                if hash {
+                    hasher.update(&buf);
+                }
                 count += n as u64;
                 if let Some(p) = &progress {
                     p.store(count, Ordering::Relaxed);
@@ -199,7 +211,7 @@ impl Prefetch {
                     break;
                 }
             }
-            (hasher.finalize().iter().map(|b| format!("{b:02x}")).collect(), count)
+            (hash.then(|| hex(&hasher.finalize())), count)
         });
         Prefetch { chunks: rx, spent: spent_tx, current: Vec::new(), pos: 0, done: Some(done) }
     }
@@ -228,11 +240,16 @@ impl Prefetch {
     }
 
     /// Drops the decoder's side and waits for the hash of the whole input.
-    fn finish(mut self) -> Result<(String, u64), IngestError> {
+    fn finish(mut self) -> Result<(Option<String>, u64), IngestError> {
         let done = self.done.take().expect("finish once");
         drop(self);
         done.join().map_err(|_| IngestError::Io(std::io::Error::other("hashing thread failed")))
     }
+}
+
+/// A digest in lower-case hex.
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -381,7 +398,7 @@ fn sniff(head: &[u8]) -> Result<Format, IngestError> {
 
 /// Reads a snapshot in any supported form from `raw`.
 pub fn ingest<R: Read + Send + 'static>(raw: R, options: &Options) -> Result<Ingested, IngestError> {
-    let mut prefetch = Prefetch::start(raw, options.progress.clone());
+    let mut prefetch = Prefetch::start(raw, options.progress.clone(), options.hash);
     let decoded = decode_any(&mut prefetch, options);
     let (sha256, bytes) = prefetch.finish()?;
     let (Model { snapshot, protocol: pickle_protocol, fast_dicts, later_part }, encoding, compression) = decoded?;
@@ -501,7 +518,7 @@ pub fn ingest_path_then<T>(
         let len = file.metadata().map_err(IngestError::Io)?.len();
         let mut head = [0u8; 64];
         let n = read_full(&mut file, &mut head).map_err(IngestError::Io)?;
-        if len >= parts.min_bytes && matches!(sniff(&head[..n]), Ok(Format::Pickle)) {
+        if len >= parts.min_bytes && matches!(sniff(&head[..n]), Ok(Format::Pickle)) && parts.now() {
             return two_parts::ingest(path, len, parts, options, then);
         }
         file = std::fs::File::open(path).map_err(IngestError::Io)?;

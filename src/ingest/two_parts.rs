@@ -27,10 +27,14 @@ pub(super) fn ingest<T>(
     // frees what it took in (chunks of a few MB). glibc's mmap threshold rises to the size of
     // each block freed, so those chunks would stay in that arena, resident, for the rest of the
     // process, and peak memory would grow by them.
-    crate::pages::return_blocks_from(256 << 10);
+    crate::machine::pages::return_blocks_from(256 << 10);
     let mut file = std::fs::File::open(path).map_err(IngestError::Io)?;
     let progress = options.progress.clone();
-    let hashing = std::thread::spawn(move || -> std::io::Result<(String, u64)> {
+    let hash = options.hash;
+    let hashing = std::thread::spawn(move || -> std::io::Result<(Option<String>, u64)> {
+        if !hash {
+            return Ok((None, len));
+        }
         yield_to_the_parts();
         let (mut hasher, mut count, mut buf) = (Sha256::new(), 0u64, vec![0u8; CHUNK]);
         loop {
@@ -44,7 +48,7 @@ pub(super) fn ingest<T>(
                 p.store(count, Ordering::Relaxed);
             }
         }
-        Ok((hasher.finalize().iter().map(|b| format!("{b:02x}")).collect(), count))
+        Ok((Some(super::hex(&hasher.finalize())), count))
     });
     let path = path.to_owned();
     let open: reader::Open = Arc::new(move |at| {

@@ -62,7 +62,8 @@ pub struct Prepared {
 
 /// Analyses a parsed snapshot.
 pub fn prepare(ingested: ingest::Ingested) -> Result<Prepared, AnalysisError> {
-    let sha256 = ingested.source.sha256.clone();
+    // The service's reads always hash (`ingest_options`); an empty hash would match no upload.
+    let sha256 = ingested.source.sha256.clone().unwrap_or_default();
     let snap = ingested.snapshot;
     let analyzed = analysis::analyze(&snap, ingested.source, Depth::Serve);
     let entry = Entry { snapshot: snap, replays: analyzed.replays, indexes: analyzed.indexes };

@@ -128,8 +128,10 @@ impl Snapshot {
 pub struct Source {
     /// Size of the upload as received (before decompression).
     pub bytes: u64,
-    /// SHA-256 of those bytes, lower-case hex.
-    pub sha256: String,
+    /// SHA-256 of those bytes, lower-case hex: always on the server (its content address);
+    /// the command line computes it only when asked (`analyze --sha256`), since on a machine
+    /// without SHA instructions it costs more CPU than the analysis it would delay.
+    pub sha256: Option<String>,
     /// `pickle` or `json`.
     pub encoding: String,
     /// `none`, `gzip` or `zstd`.

@@ -501,7 +501,7 @@ mod tests {
     fn empty_analysis() -> Analysis {
         let source = crate::snapshot::Source {
             bytes: 0,
-            sha256: String::new(),
+            sha256: None,
             encoding: "pickle".into(),
             compression: "none".into(),
             pickle_protocol: None,

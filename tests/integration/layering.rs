@@ -7,14 +7,14 @@ use std::collections::BTreeSet;
 /// The stages in data-flow order, each with the modules it may use (all earlier in the list).
 const ALLOWED: &[(&str, &[&str])] = &[
     ("units", &[]),
-    ("pages", &[]),
+    ("machine", &[]),
     ("config", &[]),
     ("reader", &[]),
-    ("snapshot", &["pages", "reader"]),
-    ("ingest", &["pages", "reader", "snapshot"]),
+    ("snapshot", &["machine", "reader"]),
+    ("ingest", &["machine", "reader", "snapshot"]),
     ("replay", &["snapshot"]),
     ("simulate", &["snapshot", "replay"]),
-    ("analysis", &["units", "pages", "snapshot", "replay", "simulate"]),
+    ("analysis", &["units", "machine", "snapshot", "replay", "simulate"]),
     ("store", &["snapshot", "analysis"]),
     ("service", &["config", "ingest", "snapshot", "replay", "analysis", "store"]),
     // web maps ingest's errors to HTTP statuses; it never reaches the reader. The store only

@@ -15,7 +15,7 @@ use crate::reader_props::tight_limits;
 
 /// A split wherever one is possible: the first list of two batches or more, from its start.
 fn forced(later_share: u64) -> TwoParts {
-    TwoParts { min_bytes: 0, min_items: 2, fork_share: 0, quiet: 0, later_share }
+    TwoParts { min_bytes: 0, min_items: 2, fork_share: 0, quiet: 0, later_share, measure: false }
 }
 
 /// The model (or the error) a read of `path` ends with, as text, and what a second part read.

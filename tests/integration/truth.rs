@@ -112,7 +112,10 @@ fn source_reports_encoding_and_hash() {
         "import hashlib,json,sys; print(json.dumps(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest()))",
         &[&path],
     );
-    assert_eq!(a["source"]["sha256"], sha);
+    assert_eq!(a["source"]["sha256"], serde_json::Value::Null, "hashed only when asked");
+    let hashed = analyze_json_with(&path, &["--sha256"]);
+    assert_eq!(hashed["source"]["sha256"], sha);
+    assert_eq!(hashed["source"]["bytes"], bytes.len());
     let zst = analyze_json(&snapshot_path("train_gpt_default"));
     assert_eq!(zst["source"]["compression"], "zstd");
 }

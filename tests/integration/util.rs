@@ -100,8 +100,13 @@ pub fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
 
 /// `fragscope analyze --json FILE`, parsed.
 pub fn analyze_json(path: &Path) -> serde_json::Value {
+    analyze_json_with(path, &[])
+}
+
+/// [`analyze_json`] with more flags.
+pub fn analyze_json_with(path: &Path, flags: &[&str]) -> serde_json::Value {
     let mut cmd = Command::new(bin());
-    cmd.args(["analyze", "--json"]).arg(path);
+    cmd.args(["analyze", "--json"]).args(flags).arg(path);
     let out = run_bounded(cmd, Duration::from_secs(120));
     assert!(out.status.success(), "analyze {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("analyze --json prints JSON")

@@ -3,7 +3,7 @@
 //!
 //! Every first write to a fresh page is a fault and a page of zeros: for big_trace's 84 MB of
 //! events and times, 20,000 faults, a tenth of the read's time on its core, while the other
-//! core is half idle (the hash beside the read takes the rest). [`crate::pages::populate_write`]
+//! core is half idle (the hash beside the read takes the rest). [`crate::machine::pages::populate_write`]
 //! changes no value, so the sink writing the same column meanwhile is no race, and a range the
 //! column has left (it grew and moved) costs at most a page of memory. Only `STEP` items ahead
 //! are faulted, so the column's spare capacity stays out of memory as before.
@@ -49,7 +49,7 @@ impl Ahead {
 
 fn fault_in(rx: mpsc::Receiver<std::ops::Range<usize>>) {
     for r in rx {
-        crate::pages::populate_write(r);
+        crate::machine::pages::populate_write(r);
     }
 }
 
