@@ -13,15 +13,29 @@ pub mod metrics;
 mod prepare;
 mod retention;
 pub mod runs;
+mod views;
 pub mod worker;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::analysis::Analysis;
-use crate::ingest::{self, IngestError};
+use crate::ingest;
 use crate::store::Store;
 pub use intake::{Arrived, Intake, IntakeError};
+pub use views::{ActiveBy, ActiveQuery, PinnersAt};
+
+// What the web layer renders and names, re-exported so that it reaches the lower stages only
+// through this door (the layering test holds it to that).
+pub use crate::analysis::advice::{DiagnosisVerdict, Effect};
+pub use crate::analysis::breakdown::{Breakdown, Moment};
+pub use crate::analysis::categories::Category;
+pub use crate::analysis::compare::Comparison;
+pub use crate::analysis::flame::Flame;
+pub use crate::analysis::phases::Phase;
+pub use crate::analysis::timeline::{Downsampled, SERIES};
+pub use crate::analysis::{Analysis, DeviceAnalysis};
+pub use crate::ingest::IngestError;
+pub use crate::simulate::Settings as SimulateSettings;
 // What the web layer needs of the store's types, through its one door.
 pub(crate) use crate::store::same_secret;
 pub use crate::store::{Label, RunRow, SnapshotRow, Status, StoreError, io_disk_full, redact, valid_id};

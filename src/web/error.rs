@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::ingest::IngestError;
+use crate::service::IngestError;
 
 #[derive(Debug)]
 pub(crate) enum ApiError {

@@ -3,10 +3,7 @@
 //! style, which the page's CSP forbids), the top call sites with their category, the steps and
 //! any growth. Every string is escaped by askama like the rest of the page.
 
-use crate::analysis::DeviceAnalysis;
-use crate::analysis::breakdown::{Breakdown, Moment};
-use crate::analysis::categories::Category;
-use crate::analysis::phases::Phase;
+use crate::service::{Breakdown, Category, DeviceAnalysis, Moment, Phase};
 use crate::units::bytes;
 
 /// Width of a bar in SVG units.

@@ -11,8 +11,7 @@ use axum::response::{Html, IntoResponse, Response};
 use super::AppState;
 use super::error::ApiError;
 use super::extract::Path;
-use crate::analysis::DeviceAnalysis;
-use crate::analysis::advice::{DiagnosisVerdict, Effect};
+use crate::service::{DeviceAnalysis, DiagnosisVerdict, Effect};
 use crate::service::{SnapshotRow, Status};
 use crate::units::bytes;
 

@@ -16,10 +16,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("simulate", &["snapshot", "replay"]),
     ("analysis", &["units", "machine", "snapshot", "replay", "simulate"]),
     ("store", &["snapshot", "analysis"]),
-    ("service", &["config", "ingest", "snapshot", "replay", "analysis", "store"]),
-    // web maps ingest's errors to HTTP statuses; it never reaches the reader. The store only
-    // through the service, its one door (the service re-exports the types web names).
-    ("web", &["units", "config", "ingest", "snapshot", "replay", "simulate", "analysis", "service"]),
+    ("service", &["config", "ingest", "snapshot", "replay", "simulate", "analysis", "store"]),
+    // The service is web's one door: it re-exports the types web names. `units` and `config`
+    // are stage 0, which any stage may use.
+    ("web", &["units", "config", "service"]),
     ("cli", &["units", "config", "ingest", "snapshot", "replay", "simulate", "analysis", "web"]),
 ];
 

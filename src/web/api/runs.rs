@@ -7,7 +7,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use crate::analysis::compare::Comparison;
+use crate::service::Comparison;
 use crate::service::runs::{MAX_CURVES, RunView};
 use crate::web::AppState;
 use crate::web::api::snapshots::ListQuery;

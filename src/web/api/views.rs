@@ -2,8 +2,6 @@
 //! segment map at an event, the events, pinners and stacks. What was stored at analysis time
 //! is served from disk; what needs the trace itself is computed on the parsed snapshot.
 
-use std::sync::Arc;
-
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
@@ -11,11 +9,10 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::analysis::{Analysis, DeviceAnalysis};
-use crate::analysis::{active, gaps, map};
-use crate::service::SnapshotRow;
-use crate::service::loaded::Entry;
-use crate::snapshot::sites;
+use crate::service::{
+    ActiveBy, ActiveQuery as Active, Analysis, Breakdown, DeviceAnalysis, Downsampled, Flame, SERIES,
+};
+use crate::service::{PinnersAt, SnapshotRow};
 use crate::web::AppState;
 use crate::web::error::ApiError;
 use crate::web::extract::{Path, Query};
@@ -138,8 +135,8 @@ pub(crate) async fn timeline(
 }
 
 /// The buckets as JSON: per series, the min and the max of each.
-fn timeline_json(device: i64, d: &crate::analysis::timeline::Downsampled) -> Value {
-    let series: serde_json::Map<String, Value> = crate::analysis::timeline::SERIES
+fn timeline_json(device: i64, d: &Downsampled) -> Value {
+    let series: serde_json::Map<String, Value> = SERIES
         .iter()
         .enumerate()
         .map(|(s, name)| (name.to_string(), json!({"min": d.min[s], "max": d.max[s]})))
@@ -147,7 +144,7 @@ fn timeline_json(device: i64, d: &crate::analysis::timeline::Downsampled) -> Val
     json!({"device": device, "start": d.start, "end": d.end, "events": t_len(d), "event": d.event, "time_us": d.time_us, "series": series})
 }
 
-fn t_len(d: &crate::analysis::timeline::Downsampled) -> u64 {
+fn t_len(d: &Downsampled) -> u64 {
     d.end - d.start
 }
 
@@ -168,52 +165,6 @@ fn parse_event(q: &EventQuery) -> Result<Option<u64>, ApiError> {
     }
 }
 
-/// The parsed snapshot; a parse (after a restart, or once evicted) waits for room in the
-/// analyses' memory budget and holds it while it runs.
-async fn entry(app: &AppState, row: &SnapshotRow) -> Result<Arc<Entry>, ApiError> {
-    Ok(app.service.entry(row).await?)
-}
-
-/// Runs `f` on one device of the parsed snapshot (parsed again if it is not held), off the
-/// async threads: replaying and aggregating are CPU work.
-async fn on_device<T: Send + 'static>(
-    app: &AppState,
-    row: &SnapshotRow,
-    device: i64,
-    f: impl FnOnce(&Entry, usize, &crate::snapshot::Device) -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
-    let entry = entry(app, row).await?;
-    tokio::task::spawn_blocking(move || {
-        let (i, d) = entry.device(device).ok_or(ApiError::NotFound("device"))?;
-        f(&entry, i, d)
-    })
-    .await
-    .map_err(|e| ApiError::Internal(e.to_string()))?
-}
-
-/// 400 for an event past the device's last.
-fn check_event(entry: &Entry, d: &crate::snapshot::Device, event: Option<u64>) -> Result<(), ApiError> {
-    let n = entry.snapshot.device_events(d).len() as u64;
-    match event {
-        Some(e) if e >= n => Err(ApiError::BadRequest(format!("event {e} is past the last of {n} events"))),
-        _ => Ok(()),
-    }
-}
-
-/// The state right after `event` (None: the final `segments`), or 400 past the last event.
-fn state_after(
-    entry: &Entry,
-    i: usize,
-    d: &crate::snapshot::Device,
-    event: Option<u64>,
-) -> Result<crate::replay::State, ApiError> {
-    check_event(entry, d, event)?;
-    Ok(match event {
-        Some(e) => entry.replays[i].state_at(&entry.snapshot, Some(e as usize)),
-        None => crate::replay::final_state(d),
-    })
-}
-
 /// The segments and blocks right after an event.
 pub(crate) async fn state(
     State(app): State<AppState>,
@@ -224,14 +175,10 @@ pub(crate) async fn state(
     let row = app.ready(&id).await?;
     let event = parse_event(&q)?;
     let tag = format!("m{device}-{}", event.map(|e| e.to_string()).unwrap_or_else(|| "final".into()));
-    if let Some(stored) = app.service.stored_map(&row.sha256, device, event) {
-        return Ok(immutable(&headers, &row, &tag, "application/json", stored));
+    if let Some(not_modified) = unchanged(&headers, &row, &tag) {
+        return Ok(not_modified);
     }
-    let body = on_device(&app, &row, device, move |entry, i, d| {
-        check_event(entry, d, event)?;
-        json_bytes(&entry.segment_map(i, event))
-    })
-    .await?;
+    let body = app.service.segment_map(&row, device, event).await?;
     Ok(immutable(&headers, &row, &tag, "application/json", body))
 }
 
@@ -241,20 +188,10 @@ pub(crate) async fn breakdown(
     State(app): State<AppState>,
     Path((id, device)): Path<(String, i64)>,
     Query(q): Query<EventQuery>,
-) -> Result<Json<crate::analysis::breakdown::Breakdown>, ApiError> {
+) -> Result<Json<Breakdown>, ApiError> {
     let row = app.ready(&id).await?;
     let event = parse_event(&q)?;
-    // The end was broken down at analysis time: no parse needed.
-    if event.is_none()
-        && let Some(end) = app.service.final_breakdown(&row, device).await?
-    {
-        return Ok(Json(end));
-    }
-    on_device(&app, &row, device, move |entry, i, d| {
-        check_event(entry, d, event)?;
-        Ok(Json(entry.breakdown(i, event)))
-    })
-    .await
+    Ok(Json(app.service.breakdown(&row, device, event).await?))
 }
 
 /// The memory alive at an event (default: the end) by the stacks that made it: an icicle.
@@ -262,14 +199,10 @@ pub(crate) async fn flame(
     State(app): State<AppState>,
     Path((id, device)): Path<(String, i64)>,
     Query(q): Query<EventQuery>,
-) -> Result<Json<crate::analysis::flame::Flame>, ApiError> {
+) -> Result<Json<Flame>, ApiError> {
     let row = app.ready(&id).await?;
     let event = parse_event(&q)?;
-    on_device(&app, &row, device, move |entry, i, d| {
-        check_event(entry, d, event)?;
-        Ok(Json(entry.flame(i, event)))
-    })
-    .await
+    Ok(Json(app.service.flame(&row, device, event).await?))
 }
 
 /// Who pins free memory: at the end from the stored analysis, at an event by replaying.
@@ -286,13 +219,8 @@ pub(crate) async fn pinners(
         ));
     };
     let row = app.ready(&id).await?;
-    on_device(&app, &row, device, move |entry, i, d| {
-        let state = state_after(entry, i, d, Some(event))?;
-        let p = gaps::pinned(&state, &entry.snapshot.stacks);
-        let gaps: Vec<_> = p.gaps.iter().take(20).collect();
-        Ok(Json(json!({"device": device, "event": event, "pinned": p.summary, "pinners": p.pinners, "gaps": gaps})))
-    })
-    .await
+    let at: PinnersAt = app.service.pinners_at(&row, device, event).await?;
+    Ok(Json(serde_json::to_value(at).map_err(|e| ApiError::Internal(e.to_string()))?))
 }
 
 #[derive(Deserialize)]
@@ -308,16 +236,9 @@ pub(crate) async fn events(
     Query(q): Query<EventsQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let row = app.ready(&id).await?;
-    let entry = entry(&app, &row).await?;
     let (start, limit) = (q.start.unwrap_or(0), q.limit.unwrap_or(100).clamp(1, 1000));
-    let (_, d) = entry.device(device).ok_or(ApiError::NotFound("device"))?;
-    let all = entry.snapshot.device_events(d);
-    let page: Vec<map::EventInfo> =
-        (start as usize..).take(limit as usize).map_while(|i| map::event(&entry.snapshot, d, i)).collect();
-    let next = (start + page.len() as u64) < all.len() as u64;
-    Ok(Json(
-        json!({"device": device, "total": all.len(), "start": start, "events": page, "next_start": next.then_some(start + limit)}),
-    ))
+    let page = app.service.events(&row, device, start, limit).await?;
+    Ok(Json(serde_json::to_value(page).map_err(|e| ApiError::Internal(e.to_string()))?))
 }
 
 /// The frames of a stack (ids come from segment maps and events).
@@ -326,12 +247,8 @@ pub(crate) async fn stack(
     Path((id, stack)): Path<(String, u32)>,
 ) -> Result<Json<Value>, ApiError> {
     let row = app.ready(&id).await?;
-    let entry = entry(&app, &row).await?;
-    if stack as usize >= entry.snapshot.stacks.stack_count() {
-        return Err(ApiError::NotFound("stack"));
-    }
-    let s = &entry.snapshot.stacks;
-    Ok(Json(json!({"stack": stack, "call_site": sites::call_site(s, stack), "frames": sites::frames(s, stack)})))
+    let frames = app.service.stack(&row, stack).await?;
+    Ok(Json(serde_json::to_value(frames).map_err(|e| ApiError::Internal(e.to_string()))?))
 }
 
 #[derive(Deserialize)]
@@ -356,28 +273,20 @@ pub(crate) async fn active(
 ) -> Result<Response, ApiError> {
     let row = app.ready(&id).await?;
     let (points, top) = (q.points.unwrap_or(500).clamp(1, 4000), q.top.unwrap_or(8).clamp(1, 32));
-    let by = match q.by.as_deref() {
-        None | Some("site") => "site",
-        Some("category") => "category",
+    let (by, name) = match q.by.as_deref() {
+        None | Some("site") => (ActiveBy::Site, "site"),
+        Some("category") => (ActiveBy::Category, "category"),
         Some(other) => return Err(ApiError::BadRequest(format!("by must be site or category, got {other:?}"))),
     };
     // The query as asked (an absent end is "to the last event"), so that a request the
     // browser revalidates needs no parsed snapshot.
     let shown = |v: Option<usize>| v.map_or("-".to_string(), |v| v.to_string());
-    let tag = format!("active-{device}-{}-{}-{points}-{top}-{by}", shown(q.start), shown(q.end));
+    let tag = format!("active-{device}-{}-{}-{points}-{top}-{name}", shown(q.start), shown(q.end));
     if let Some(not_modified) = unchanged(&headers, &row, &tag) {
         return Ok(not_modified);
     }
-    let body = on_device(&app, &row, device, move |entry, i, d| {
-        let n = entry.snapshot.device_events(d).len();
-        let (start, end) = (q.start.unwrap_or(0), q.end.unwrap_or(n).min(n));
-        if start > end {
-            return Err(ApiError::BadRequest(format!("start {start} is after end {end}")));
-        }
-        let group = if by == "site" { active::Group::Site } else { active::Group::Category(&entry.indexes[i].labels) };
-        json_bytes(&active::active_by(&entry.snapshot, d, &entry.replays[i], start..end, points, top, group))
-    })
-    .await?;
+    let asked = Active { start: q.start, end: q.end, points, top, by };
+    let body = app.service.active(&row, device, asked).await?;
     // Asked with its ETag, it was answered 304 above.
     Ok(cacheable(&row, &tag, "application/json", body))
 }
@@ -404,7 +313,7 @@ pub(crate) async fn simulate(
         None => None,
     };
     let nonempty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
-    let settings = crate::simulate::Settings {
+    let settings = crate::service::SimulateSettings {
         conf: q.conf,
         capacity,
         mempool: nonempty(q.mempool),
@@ -415,10 +324,7 @@ pub(crate) async fn simulate(
     let _slot = app.service.simulation_slot().ok_or_else(|| {
         ApiError::Busy("two simulations are running on this server: try again in a few seconds".into())
     })?;
-    let outcome = on_device(&app, &row, device, move |entry, _, d| {
-        crate::simulate::simulate(&entry.snapshot, d, &settings).map_err(|e| ApiError::BadRequest(e.to_string()))
-    })
-    .await?;
+    let outcome = app.service.simulate(&row, device, settings).await?;
     let mut body = serde_json::to_value(&outcome).map_err(|e| ApiError::Internal(e.to_string()))?;
     if outcome.oom.is_none() && outcome.trace_oom_event.is_some() {
         let analysis = app.service.analysis(&row).await?;
