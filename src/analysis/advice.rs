@@ -37,25 +37,7 @@ pub struct Diagnosis {
     pub kv_cache: Option<super::kv::KvCache>,
 }
 
-/// What the diagnosis found, in one word.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DiagnosisVerdict {
-    Fragmentation,
-    Capacity,
-    NoOom,
-}
-
-impl DiagnosisVerdict {
-    /// The name in the JSON and the database.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DiagnosisVerdict::Fragmentation => "fragmentation",
-            DiagnosisVerdict::Capacity => "capacity",
-            DiagnosisVerdict::NoOom => "no_oom",
-        }
-    }
-}
+pub use super::verdict::DiagnosisVerdict;
 
 /// The remedies fragscope knows, by the name the JSON gives them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

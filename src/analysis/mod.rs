@@ -48,6 +48,7 @@ pub(crate) mod rhythm;
 mod shrink;
 pub mod summary;
 pub(crate) mod timeline;
+pub mod verdict;
 
 pub use actions::{TraceSummary, trace_summary};
 pub use breakdown::Moment;
@@ -371,6 +372,7 @@ fn analyze_device(
     let reserved = peak.reserved_bytes;
     capacity::explain(&replaying, &ooms.ooms, &memory, options.capacity, reserved, &mut diagnosis);
     capacity::unweighed_leaks(&memory.growth, &mut diagnosis);
+    diagnosis.order_remedies();
     if ooms.ooms.is_empty() {
         let budget = options.capacity.or(recorded.and_then(|r| r.budget_bytes)).or(options.device_total);
         let steps = memory.step_count() as u32;

@@ -13,7 +13,7 @@ use crate::units::bytes;
 const SITES: usize = 5;
 
 pub fn write_diagnosis(out: &mut impl Write, d: &DeviceAnalysis) -> std::io::Result<()> {
-    writeln!(out, "  verdict: {}", d.diagnosis.verdict.as_str().replace('_', " "))?;
+    writeln!(out, "  verdict: {}", d.diagnosis.verdict.words())?;
     writeln!(out, "  {}", d.diagnosis.summary)?;
     let need = &d.diagnosis.need;
     if let (Some(a), Some(r), false) = (need.peak_allocated_bytes, need.peak_reserved_bytes, d.ooms.is_empty()) {

@@ -26,13 +26,13 @@ pub use views::{ActiveBy, ActiveQuery, PinnersAt};
 
 // What the web layer renders and names, re-exported so that it reaches the lower stages only
 // through this door (the layering test holds it to that).
-pub use crate::analysis::advice::{DiagnosisVerdict, Effect};
 pub use crate::analysis::breakdown::{Breakdown, Moment};
 pub use crate::analysis::categories::Category;
 pub use crate::analysis::compare::Comparison;
 pub use crate::analysis::flame::Flame;
 pub use crate::analysis::phases::Phase;
 pub use crate::analysis::timeline::{Downsampled, SERIES};
+pub use crate::analysis::verdict::{self, DiagnosisVerdict, Standing};
 pub use crate::analysis::{Analysis, DeviceAnalysis};
 pub use crate::ingest::IngestError;
 pub use crate::simulate::Settings as SimulateSettings;

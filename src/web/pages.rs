@@ -11,7 +11,7 @@ use axum::response::{Html, IntoResponse, Response};
 use super::AppState;
 use super::error::ApiError;
 use super::extract::Path;
-use crate::service::{DeviceAnalysis, DiagnosisVerdict, Effect};
+use crate::service::{DeviceAnalysis, DiagnosisVerdict, Standing, verdict};
 use crate::service::{SnapshotRow, Status};
 use crate::units::bytes;
 
@@ -189,13 +189,13 @@ pub(crate) async fn home(State(app): State<AppState>) -> Result<Html<String>, Pa
             .map(|r| Recent {
                 size: bytes(r.bytes),
                 date: date(r.created_at),
-                verdict: match r.status {
-                    Status::Ready => r.verdict.clone().unwrap_or_default().replace('_', " "),
-                    s => s.as_str().to_string(),
+                verdict: match (r.status, r.verdict.as_deref().and_then(DiagnosisVerdict::from_name)) {
+                    (Status::Ready, Some(v)) => v.words().to_string(),
+                    (s, _) => s.as_str().to_string(),
                 },
-                verdict_class: match r.status {
-                    Status::Ready => r.verdict.clone().unwrap_or_default().replace('_', "-"),
-                    s => s.as_str().to_string(),
+                verdict_class: match (r.status, r.verdict.as_deref().and_then(DiagnosisVerdict::from_name)) {
+                    (Status::Ready, Some(v)) => v.class().to_string(),
+                    (s, _) => s.as_str().to_string(),
                 },
                 id: r.id,
                 name: r.name,
@@ -316,37 +316,22 @@ fn device_card(d: &DeviceAnalysis) -> DeviceCard {
         figures.push(("held outside PyTorch".into(), bytes(out)));
     }
     let events = d.trace.events;
-    let remedies: Vec<RemedyView> = dg
+    // In the analysis's order (`verdict::Standing`); those that do not apply fold into one
+    // line under the cards.
+    let (not_applying, remedies): (Vec<RemedyView>, Vec<RemedyView>) = dg
         .remedies
         .iter()
         .map(|r| RemedyView {
             title: r.kind.title(),
-            badge: r.fit.effect.map(Effect::label).unwrap_or(if r.applies { "applies" } else { "does not apply" }),
-            effect_class: match (r.fit.effect, r.applies) {
-                (Some(Effect::Fixes), _) => "fixes",
-                (Some(Effect::Helps), _) => "helps",
-                (Some(Effect::DoesNotHelp), _) => "nohelp",
-                (None, true) => "applies",
-                _ => "no",
-            },
+            badge: r.standing().label(),
+            effect_class: r.standing().class(),
             code: r.setting_or_code.clone(),
             why: match &r.predicted {
                 Some(p) => format!("{} Predicted: {p}.", r.why),
                 None => r.why.clone(),
             },
         })
-        .collect();
-    // What would fix the run first, then what helps, then the rest, each group as analysed;
-    // those that do not apply fold into one line under the cards.
-    let (not_applying, mut remedies): (Vec<RemedyView>, Vec<RemedyView>) =
-        remedies.into_iter().partition(|r: &RemedyView| r.effect_class == "no");
-    remedies.sort_by_key(|r| match r.effect_class {
-        "fixes" => 0,
-        "applies" => 1,
-        "helps" => 2,
-        "nohelp" => 3,
-        _ => 4,
-    });
+        .partition(|r| r.effect_class == Standing::DoesNotApply.class());
     let mut warnings: Vec<String> = d.replay.first_warnings.clone();
     warnings.extend(d.replay.mismatches.iter().cloned());
     if !d.trace.complete {
@@ -358,25 +343,13 @@ fn device_card(d: &DeviceAnalysis) -> DeviceCard {
         }
         None => format!("Really: no OOM, peak {} reserved.", bytes(d.peak.reserved_bytes)),
     };
-    let against = match (need.peak_reserved_bytes, need.budget_bytes, oom) {
-        (Some(n), Some(b), Some(_)) => format!(": the step needs {} of {}", bytes(n), bytes(b)),
-        _ => String::new(),
-    };
-    let (verdict, verdict_class) = match dg.verdict {
-        DiagnosisVerdict::Fragmentation => (format!("Out of memory: fragmentation{against}"), "bad"),
-        DiagnosisVerdict::Capacity => (format!("Out of memory: capacity{against}"), "warn"),
-        DiagnosisVerdict::NoOom if !d.memory.growth.is_empty() => {
-            let per_step: u64 = d.memory.growth.iter().map(|g| g.bytes_per_step).sum();
-            (format!("No OOM yet, but memory grows {} a step", bytes(per_step)), "warn")
-        }
-        DiagnosisVerdict::NoOom => ("No OOM in this trace".to_string(), "ok"),
-    };
+    let headline = verdict::headline(d);
     DeviceCard {
         budget: oom.map(|o| format!("{}MiB", o.reserved_bytes >> 20)).unwrap_or_default(),
         real,
         device: d.device,
-        verdict,
-        verdict_class,
+        verdict: headline.words,
+        verdict_class: headline.tone.class(),
         summary: dg.summary.clone(),
         figures,
         remedies,
