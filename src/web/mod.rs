@@ -7,7 +7,6 @@ mod assets;
 pub(crate) mod error;
 pub(crate) mod extract;
 mod fills;
-mod jobs;
 mod listen;
 mod pages;
 #[cfg(test)]
@@ -121,8 +120,8 @@ pub(crate) fn router(state: AppState) -> Router {
     let mut app = api::routes()
         .route("/", axum::routing::get(pages::home))
         .route("/s/{id}", axum::routing::get(pages::snapshot))
-        .route("/r/{id}", axum::routing::get(jobs::run))
-        .route("/compare/{a}/{b}", axum::routing::get(jobs::compare))
+        .route("/r/{id}", axum::routing::get(pages::runs::run))
+        .route("/compare/{a}/{b}", axum::routing::get(pages::runs::compare))
         .route("/static/{*path}", axum::routing::get(assets::serve))
         .route("/favicon.ico", axum::routing::get(assets::favicon))
         .route("/healthz", axum::routing::get(|| async { "ok" }))

@@ -4,12 +4,12 @@
 
 use std::io::Read;
 
-use super::super::Sink;
-use super::super::error::ErrorKind;
-use super::super::value::{Kind, Value};
 use super::entry::Entry;
 use super::opcodes as op;
 use super::{Res, Vm};
+use crate::reader::Sink;
+use crate::reader::error::ErrorKind;
+use crate::reader::value::{Kind, Value};
 
 impl<R: Read, S: Sink> Vm<'_, R, S> {
     pub(super) fn run(&mut self) -> Res<Value, S::Error> {
@@ -86,7 +86,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
                 }
                 op::INT | op::LONG | op::FLOAT => {
                     let line = self.text_line()?;
-                    let v = match super::super::text::number(op, &line) {
+                    let v = match crate::reader::text::number(op, &line) {
                         Some(v) => v,
                         None => return self.err(ErrorKind::BadText("number")),
                     };
@@ -127,7 +127,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
                 }
                 op::STRING | op::UNICODE => {
                     let line = self.text_line()?;
-                    let Some(text) = super::super::text::plain_string(op, &line) else {
+                    let Some(text) = crate::reader::text::plain_string(op, &line) else {
                         return self.err(ErrorKind::BadText("text string"));
                     };
                     let Some(id) = self.heap.strings.intern(&text, self.limits.max_total_string_bytes) else {

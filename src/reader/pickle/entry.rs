@@ -19,11 +19,11 @@
 
 use std::io::Read;
 
-use super::super::memo::Memo;
-use super::super::value::{Heap, Kind, StrId, Value};
-use super::super::{Limits, Sink};
 use super::opcodes as op;
 use super::{Failure, Res, Vm};
+use crate::reader::memo::Memo;
+use crate::reader::value::{Heap, Kind, StrId, Value};
+use crate::reader::{Limits, Sink};
 
 /// Most key-value pairs the fast path takes in one dict (a trace entry has 8 or 9).
 const MAX_PAIRS: usize = 16;

@@ -23,12 +23,12 @@ use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 
-use super::super::input::Input;
-use super::super::memo::Memo;
-use super::super::value::{Heap, Kind, Mark, Value};
-use super::super::{Limits, Parsed, Sink};
 use super::walk::{Start, walk};
 use super::{Failure, Vm};
+use crate::reader::input::Input;
+use crate::reader::memo::Memo;
+use crate::reader::value::{Heap, Kind, Mark, Value};
+use crate::reader::{Limits, Parsed, Sink};
 
 /// Opens the input again at a byte offset.
 pub type Open = Arc<dyn Fn(u64) -> std::io::Result<Box<dyn Read + Send>> + Send + Sync>;
@@ -67,8 +67,8 @@ pub fn read_split<S: Sink + Send + 'static>(
 ) -> Result<Parsed, Failure<S::Error>> {
     let jump = Arc::new(AtomicU64::new(NO_JUMP));
     let first = (split.open)(0).map_err(|e| {
-        let kind = super::super::error::ErrorKind::Io(e.to_string());
-        Failure::Read(super::super::ReadError { kind, offset: 0 })
+        let kind = crate::reader::error::ErrorKind::Io(e.to_string());
+        Failure::Read(crate::reader::ReadError { kind, offset: 0 })
     })?;
     let reader = Reopening { inner: first, open: split.open.clone(), jump: jump.clone() };
     let plan: Box<dyn Parts<Reopening, S>> = Box::new(Plan::Waiting { split, jump, tried: None });

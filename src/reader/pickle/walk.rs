@@ -10,8 +10,8 @@
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::super::input::Input;
 use super::opcodes as op;
+use crate::reader::input::Input;
 
 /// Where the later part can start: right after the APPENDS that closes a batch of the list,
 /// at byte `at`, with `memo` entries made before it.

@@ -1,8 +1,8 @@
 //! Taking in the heap of a later part read apart (`pickle/split.rs`): its own strings and
 //! containers get the ids a single read would have given them, in the order it made them.
 
-use super::super::FoldedIds;
 use super::{Heap, Item, NO_SLOT, StrId, Value, push_items};
+use crate::reader::FoldedIds;
 
 /// How far a heap had come when a later part's copy was taken from it.
 #[derive(Debug, Clone, Copy)]

@@ -6,9 +6,9 @@ use askama::Template;
 use axum::extract::State;
 use axum::response::Html;
 
-use super::AppState;
-use super::extract::Path;
-use super::pages::{PageError, date, render};
+use super::{PageError, date, render};
+use crate::web::AppState;
+use crate::web::extract::Path;
 
 #[derive(Template)]
 #[template(path = "run.html")]

@@ -3,17 +3,19 @@
 //! is never marked safe. Scripts are module files under /static; the page's data comes from
 //! the API, the first paint (verdict, remedies) from the stored analysis.
 
+pub(super) mod runs;
+
 use askama::Template;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 
-use super::AppState;
-use super::error::ApiError;
-use super::extract::Path;
 use crate::service::{DeviceAnalysis, DiagnosisVerdict, Standing, verdict};
 use crate::service::{SnapshotRow, Status};
 use crate::units::bytes;
+use crate::web::AppState;
+use crate::web::error::ApiError;
+use crate::web::extract::Path;
 
 #[derive(Template)]
 #[template(path = "home.html")]
@@ -98,7 +100,7 @@ struct DeviceCard {
     /// What really happened, beside which simulations are read.
     real: String,
     /// What fills memory; None for analyses stored before categories existed.
-    fills: Option<super::fills::Fills>,
+    fills: Option<crate::web::fills::Fills>,
 }
 
 struct RemedyView {
@@ -357,7 +359,7 @@ fn device_card(d: &DeviceAnalysis) -> DeviceCard {
         events,
         start_event: oom.map(|o| o.event_index as i64).unwrap_or(events as i64 - 1),
         warnings,
-        fills: (!d.memory.breakdown.is_empty()).then(|| super::fills::fills(d)),
+        fills: (!d.memory.breakdown.is_empty()).then(|| crate::web::fills::fills(d)),
     }
 }
 
