@@ -48,6 +48,11 @@ impl<'de> Deserialize<'de> for Addr {
     }
 }
 
+/// Bytes (a digest) in lower-case hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

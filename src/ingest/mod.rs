@@ -211,7 +211,7 @@ impl Prefetch {
                     break;
                 }
             }
-            (hash.then(|| hex(&hasher.finalize())), count)
+            (hash.then(|| crate::units::hex(&hasher.finalize())), count)
         });
         Prefetch { chunks: rx, spent: spent_tx, current: Vec::new(), pos: 0, done: Some(done) }
     }
@@ -245,11 +245,6 @@ impl Prefetch {
         drop(self);
         done.join().map_err(|_| IngestError::Io(std::io::Error::other("hashing thread failed")))
     }
-}
-
-/// A digest in lower-case hex.
-fn hex(digest: &[u8]) -> String {
-    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {

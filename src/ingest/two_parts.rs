@@ -30,25 +30,24 @@ pub(super) fn ingest<T>(
     crate::machine::pages::return_blocks_from(256 << 10);
     let mut file = std::fs::File::open(path).map_err(IngestError::Io)?;
     let progress = options.progress.clone();
-    let hash = options.hash;
-    let hashing = std::thread::spawn(move || -> std::io::Result<(Option<String>, u64)> {
-        if !hash {
-            return Ok((None, len));
-        }
-        yield_to_the_parts();
-        let (mut hasher, mut count, mut buf) = (Sha256::new(), 0u64, vec![0u8; CHUNK]);
-        loop {
-            let n = super::read_full(&mut file, &mut buf)?;
-            if n == 0 {
-                break;
+    // Without the hash, no thread: the size is the file's.
+    let hashing = options.hash.then(|| {
+        std::thread::spawn(move || -> std::io::Result<(Option<String>, u64)> {
+            yield_to_the_parts();
+            let (mut hasher, mut count, mut buf) = (Sha256::new(), 0u64, vec![0u8; CHUNK]);
+            loop {
+                let n = super::read_full(&mut file, &mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buf[..n]);
+                count += n as u64;
+                if let Some(p) = &progress {
+                    p.store(count, Ordering::Relaxed);
+                }
             }
-            hasher.update(&buf[..n]);
-            count += n as u64;
-            if let Some(p) = &progress {
-                p.store(count, Ordering::Relaxed);
-            }
-        }
-        Ok((Some(super::hex(&hasher.finalize())), count))
+            Ok((Some(crate::units::hex(&hasher.finalize())), count))
+        })
     });
     let path = path.to_owned();
     let open: reader::Open = Arc::new(move |at| {
@@ -74,7 +73,10 @@ pub(super) fn ingest<T>(
         let out = then(&m.snapshot);
         (m, out)
     });
-    let hashed = hashing.join().map_err(|_| IngestError::Io(std::io::Error::other("hashing thread failed")));
+    let hashed = match hashing {
+        Some(h) => h.join().map_err(|_| IngestError::Io(std::io::Error::other("hashing thread failed"))),
+        None => Ok(Ok((None, len))),
+    };
     let (m, out) = made?;
     let (sha256, bytes) = hashed?.map_err(IngestError::Io)?;
     let source = Source {

@@ -32,7 +32,8 @@ pub struct Probe {
 }
 
 impl Probe {
-    /// Whether both threads kept most of their lone pace: a second core is free.
+    /// Whether another CPU was idle and both threads kept most of their lone pace: a second
+    /// core is free.
     pub fn second_core_free(&self) -> bool {
         let idle_cpu = self.others_running.is_none_or(|n| n + 1 < self.cpus_online);
         idle_cpu && self.second_share >= FREE_SHARE && self.first_share >= FREE_SHARE

@@ -156,7 +156,7 @@ impl Intake {
                 }
             },
         };
-        let sha256 = std::mem::take(&mut self.hasher).finalize().iter().map(|b| format!("{b:02x}")).collect();
+        let sha256 = crate::units::hex(&std::mem::take(&mut self.hasher).finalize());
         Ok(Arrived { intake: self, staged, sha256, service: service.clone() })
     }
 }

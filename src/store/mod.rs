@@ -133,7 +133,7 @@ pub struct Stored {
 /// sha256 of a delete key, as hex: what the database keeps.
 fn key_hash(key: &str) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    crate::units::hex(&sha2::Sha256::digest(key.as_bytes()))
 }
 
 /// Compares two secrets in time that does not depend on where they differ (the server's

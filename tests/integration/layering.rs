@@ -11,12 +11,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("config", &[]),
     ("reader", &[]),
     ("snapshot", &["machine", "reader"]),
-    ("ingest", &["machine", "reader", "snapshot"]),
+    ("ingest", &["units", "machine", "reader", "snapshot"]),
     ("replay", &["snapshot"]),
     ("simulate", &["snapshot", "replay"]),
     ("analysis", &["units", "machine", "snapshot", "replay", "simulate"]),
-    ("store", &["snapshot", "analysis"]),
-    ("service", &["config", "ingest", "snapshot", "replay", "simulate", "analysis", "store"]),
+    ("store", &["units", "snapshot", "analysis"]),
+    ("service", &["units", "config", "ingest", "snapshot", "replay", "simulate", "analysis", "store"]),
     // The service is web's one door: it re-exports the types web names. `units` and `config`
     // are stage 0, which any stage may use.
     ("web", &["units", "config", "service"]),

@@ -188,19 +188,20 @@ pub(crate) async fn home(State(app): State<AppState>) -> Result<Html<String>, Pa
             .await
             .map_err(ApiError::from)?
             .into_iter()
-            .map(|r| Recent {
-                size: bytes(r.bytes),
-                date: date(r.created_at),
-                verdict: match (r.status, r.verdict.as_deref().and_then(DiagnosisVerdict::from_name)) {
-                    (Status::Ready, Some(v)) => v.words().to_string(),
-                    (s, _) => s.as_str().to_string(),
-                },
-                verdict_class: match (r.status, r.verdict.as_deref().and_then(DiagnosisVerdict::from_name)) {
-                    (Status::Ready, Some(v)) => v.class().to_string(),
-                    (s, _) => s.as_str().to_string(),
-                },
-                id: r.id,
-                name: r.name,
+            .map(|r| {
+                let (verdict, verdict_class) =
+                    match (r.status, r.verdict.as_deref().and_then(DiagnosisVerdict::from_name)) {
+                        (Status::Ready, Some(v)) => (v.words(), v.class()),
+                        (s, _) => (s.as_str(), s.as_str()),
+                    };
+                Recent {
+                    size: bytes(r.bytes),
+                    date: date(r.created_at),
+                    verdict: verdict.to_string(),
+                    verdict_class: verdict_class.to_string(),
+                    id: r.id,
+                    name: r.name,
+                }
             })
             .collect()
     };
