@@ -29,7 +29,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let later_share = 50 + share as u64 * 900 / 255;
-    let forced = TwoParts { min_bytes: 0, min_items: 2, fork_share: 0, quiet: 0, later_share };
+    let forced = TwoParts { min_bytes: 0, min_items: 2, fork_share: 0, quiet: 0, later_share, measure: false };
     let two = read(file.path(), Some(forced));
     let one = read(file.path(), None);
     assert!(one == two, "one part and two differ:\none: {one:.2000}\ntwo: {two:.2000}");
