@@ -133,12 +133,21 @@ fn cgroup_limit(text: &str) -> Option<u64> {
     text.trim().parse::<u64>().ok().filter(|&b| b < 1 << 60)
 }
 
+/// Why a size did not read.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum SizeError {
+    #[error("not a size: {0:?}")]
+    NotANumber(String),
+    #[error("unknown size unit {unit:?} in {size:?}")]
+    Unit { unit: String, size: String },
+}
+
 /// `4GiB`, `500MB`, `1024`: bytes.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
     let (number, unit) = s.split_at(split);
-    let n: f64 = number.parse().map_err(|_| format!("not a size: {s:?}"))?;
+    let n: f64 = number.parse().map_err(|_| SizeError::NotANumber(s.to_string()))?;
     let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" => 1e3,
@@ -149,7 +158,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "gib" => 1073741824.0,
         "t" | "tb" => 1e12,
         "tib" => 1099511627776.0,
-        other => return Err(format!("unknown size unit {other:?} in {s:?}")),
+        other => return Err(SizeError::Unit { unit: other.to_string(), size: s.to_string() }),
     };
     Ok((n * scale) as u64)
 }

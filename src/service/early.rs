@@ -20,15 +20,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::{Buf, Bytes};
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::{Semaphore, mpsc};
 
-use super::loaded::Loaded;
-use super::prepare::Prepared;
-use super::worker::Worker;
-use crate::store::Store;
-
-/// Memory of the budget held.
-type Held = Option<OwnedSemaphorePermit>;
+use super::budget::{Budget, Charged, Held};
+use super::prepare::{Parse, Prepared, parse_and_prepare};
 
 /// What a parse while arriving gives: the analysis, and the memory it holds until written.
 type Done = Result<(Prepared, Held), super::prepare::AnalysisError>;
@@ -76,9 +71,7 @@ impl Feed {
 
 impl Early {
     /// Starts `parse` on the reader end (it holds the slot and memory it took).
-    pub(super) fn start(
-        parse: impl FnOnce(Fed, Arc<AtomicU64>, Arc<AtomicBool>) -> tokio::task::JoinHandle<Done>,
-    ) -> Early {
+    fn start(parse: impl FnOnce(Fed, Arc<AtomicU64>, Arc<AtomicBool>) -> tokio::task::JoinHandle<Done>) -> Early {
         let (tx, rx) = mpsc::channel(QUEUED_CHUNKS);
         let cancel = Arc::new(AtomicBool::new(false));
         let progress = Arc::new(AtomicU64::new(0));
@@ -119,41 +112,20 @@ impl Early {
     }
 }
 
-impl Worker {
-    /// Starts parsing an upload of `bytes` (announced) as it arrives, if an analysis slot and
-    /// the memory it needs are free now; see `early`.
-    pub fn start_early(&self, bytes: u64) -> Option<Early> {
-        let slot = self.slots.clone().try_acquire_owned().ok()?;
-        let estimate = crate::ingest::memory_estimate(bytes, b"");
-        let mib = ((estimate >> 20) as u32).clamp(1, self.memory_mib);
-        let memory = self.memory.clone().try_acquire_many_owned(mib).ok()?;
-        let w = self.clone();
-        Some(Early::start(move |fed, progress, cancel| {
-            tokio::spawn(async move {
-                let _slot = slot;
-                w.parse_and_prepare(fed, progress, (Some(memory), estimate), Some(cancel)).await
-            })
-        }))
-    }
-
-    /// Takes the analysis of new bytes whose upload was parsed while it arrived: claims their
-    /// job and writes the prepared analysis (or analyses them afresh if it cannot be used).
-    /// If another worker claimed the job first, the early work is dropped.
-    pub async fn adopt(&self, store: Arc<Store>, loaded: Arc<Loaded>, sha256: &str, early: Early) {
-        let now = super::worker::unix_now();
-        let until = now + self.leases.lease.as_secs() as i64;
-        match store.meta.claim_for(sha256, &self.leases.owner, now, until).await {
-            Ok(Some(claim)) => {
-                let w = self.clone();
-                tokio::spawn(async move { w.run(store, &loaded, claim, Some(early)).await });
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(sha256, error = %e, "cannot claim the job of an upload parsed while arriving");
-                self.wake();
-            }
-        }
-    }
+/// Starts parsing an upload of `bytes` (announced) as it arrives, if an analysis slot and the
+/// memory it needs are free now.
+pub(super) fn start(slots: &Arc<Semaphore>, budget: &Budget, bytes: u64) -> Option<Early> {
+    let slot = slots.clone().try_acquire_owned().ok()?;
+    let estimate = crate::ingest::memory_estimate(bytes, b"");
+    let held = Some(budget.try_reserve(estimate)?);
+    let budget = budget.clone();
+    Some(Early::start(move |fed, counter, cancel| {
+        tokio::spawn(async move {
+            let _slot = slot;
+            let parse = Parse { counter, memory: Charged { held, bytes: estimate }, cancel: Some(cancel) };
+            parse_and_prepare(&budget, fed, parse).await
+        })
+    }))
 }
 
 impl Drop for Early {

@@ -1,7 +1,7 @@
 //! Snapshots held parsed in memory (by sha256: uploads of the same bytes share one), for what needs the trace itself: the segment map at any
 //! event, the events in a range, frames. The few most recently used are kept; others are
 //! parsed again from their blob on demand, one at a time, and only once the caller's memory
-//! budget (the analyses' own, see [`super::worker::Worker::reserve_memory`]) has room for the
+//! budget (the analyses' own, see [`super::budget::Budget::reserve`]) has room for the
 //! parse: after a restart, opening many big snapshots at once must not pass it.
 
 use std::collections::VecDeque;

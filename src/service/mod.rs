@@ -5,6 +5,7 @@
 //!
 //! It is also the seam for other storage back ends: everything below goes through [`Store`].
 
+mod budget;
 pub mod early;
 mod intake;
 pub mod loaded;
@@ -46,6 +47,15 @@ use worker::Worker;
 /// gets its 4xx at once; larger ones are checked by their first bytes, then analysed in the
 /// background.
 pub const CHECK_BEFORE_ANSWER: u64 = 32 << 20;
+
+/// How much the service may take: analyses at once, parsed snapshots kept, and the memory for
+/// both.
+#[derive(Clone, Copy, Debug)]
+pub struct Sizes {
+    pub workers: usize,
+    pub loaded: usize,
+    pub memory: u64,
+}
 
 /// Why the service could not do what was asked. The web layer maps these to HTTP once.
 #[derive(Debug, thiserror::Error)]
@@ -157,15 +167,17 @@ impl Service {
         store.clean_after_crash().await?;
         let leases =
             worker::Leases { lease: std::time::Duration::from_secs(config.lease_seconds.max(3)), ..Default::default() };
-        let sizes = (config.analysis_workers, config.loaded_snapshots, config.memory_budget());
+        let sizes =
+            Sizes { workers: config.analysis_workers, loaded: config.loaded_snapshots, memory: config.memory_budget() };
         Ok(Service::start(store, sizes, leases).await?)
     }
 
     /// Starts the queue over `store`: three quarters of `memory` for analyses at work (less what
-    /// two checks of small uploads may take), a quarter for parsed snapshots kept for queries. Analyses a stop interrupted are queued again.
+    /// two checks of small uploads may take), a quarter for parsed snapshots kept for queries.
+    /// Analyses a stop interrupted are queued again.
     pub async fn start(
         store: Arc<Store>,
-        (workers, loaded, memory): (usize, usize, u64),
+        Sizes { workers, loaded, memory }: Sizes,
         leases: worker::Leases,
     ) -> Result<Service, StoreError> {
         let counters = Arc::new(metrics::Counters::default());
@@ -177,8 +189,8 @@ impl Service {
         if freed > 0 {
             tracing::info!(freed, "analyses interrupted by a stop: running them again");
         }
-        let worker =
-            Worker::start(store.clone(), cache.clone(), counters.clone(), (workers, memory / 4 * 3 - checks), leases);
+        let budget = budget::Budget::new(memory / 4 * 3 - checks);
+        let worker = Worker::start(store.clone(), cache.clone(), counters.clone(), workers, budget, leases);
         if store.blobs.remote().is_some() {
             tokio::spawn(drop_deleted_copies(store.clone(), cache.clone()));
         }
@@ -200,7 +212,9 @@ impl Service {
             up.label.name = "snapshot".to_string();
         }
         let early = up.early.take();
-        let stored = self.store.add_upload((up.temp, up.staged), up.sha256, up.bytes, up.label).await?;
+        let arrived =
+            crate::store::ArrivedFile { temp: up.temp, staged: up.staged, sha256: up.sha256, bytes: up.bytes };
+        let stored = self.store.add_upload(arrived, up.label).await?;
         let (mut row, new) = (stored.added.row, stored.added.new);
         match early {
             Some(early) if new => self.worker.adopt(self.store.clone(), self.loaded.clone(), &row.sha256, early).await,
@@ -229,7 +243,7 @@ impl Service {
 
     /// Queues a failed analysis again; false when it had not failed.
     pub async fn retry(&self, sha256: &str) -> Result<bool, ServiceError> {
-        let queued = self.store.meta.requeue(sha256, worker::unix_now()).await?;
+        let queued = self.store.meta.requeue(sha256, crate::store::unix_now()).await?;
         if queued {
             self.worker.wake();
         }
@@ -254,7 +268,7 @@ impl Service {
                 .await
                 .map_err(|e| ServiceError::internal("waiting for a check's slot")(e.into()))?;
             let temp = up.temp.clone();
-            let options = ingest_options(self.worker.budget());
+            let options = ingest_options(self.worker.budget.total());
             tokio::task::spawn_blocking(move || ingest::ingest_path(&temp, &options).map(|_| ()))
                 .await
                 .map_err(|e| ServiceError::internal("checking an upload")(e.into()))??;
@@ -293,9 +307,9 @@ impl Service {
     /// `/metrics`: the counters, and gauges read from the store now.
     pub async fn metrics(&self) -> Result<String, ServiceError> {
         let (by_status, stored_bytes, runs) = self.store.meta.gauges().await?;
-        let now = worker::unix_now();
+        let now = crate::store::unix_now();
         let (queued, running) = self.store.meta.queue_depth(now).await?;
-        let budget_free_bytes = self.worker.memory_free();
+        let budget_free_bytes = self.worker.budget.free();
         let gauges = metrics::Gauges { by_status, stored_bytes, runs, budget_free_bytes, queued, running };
         Ok(metrics::render(&self.counters, &gauges))
     }
@@ -313,8 +327,8 @@ impl Service {
 
     /// The parsed snapshot of a ready row, from the cache or parsed again within the budget.
     pub async fn entry(&self, row: &SnapshotRow) -> Result<Arc<Entry>, ServiceError> {
-        let w = self.worker.clone();
-        self.loaded.load(&self.store, &row.sha256, move |bytes| async move { w.reserve_memory(bytes).await }).await
+        let budget = self.worker.budget.clone();
+        self.loaded.load(&self.store, &row.sha256, move |bytes| async move { budget.reserve(bytes).await }).await
     }
 
     /// A device's series over events `start..end` (default: all) in `points` buckets, from

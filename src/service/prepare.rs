@@ -13,8 +13,8 @@ use crate::analysis::{self, Analysis, Depth, map};
 use crate::ingest;
 use crate::store::{Store, Written};
 
+use super::budget::{Budget, Charged, Held};
 use super::loaded::Entry;
-use super::worker::{Held, Worker};
 
 /// Why an upload's analysis failed: the message recorded on its row, which the page and the
 /// API show.
@@ -101,45 +101,48 @@ impl Prepared {
     }
 }
 
-impl Worker {
-    /// Parses a stored blob and analyses it.
-    pub(super) async fn parse_blob(
-        &self,
-        store: &Store,
-        sha256: &str,
-        counter: Arc<AtomicU64>,
-        memory: (Held, u64),
-    ) -> Result<(Prepared, Held), AnalysisError> {
-        let file = store.blobs.open(sha256).await.map_err(AnalysisError::Missing)?;
-        self.parse_and_prepare(file, counter, memory, None).await
-    }
+/// What a parse is given: where it reports the bytes read, the memory it holds, and the flag
+/// that gives it up (an upload refused while it arrived).
+pub(super) struct Parse {
+    pub(super) counter: Arc<AtomicU64>,
+    pub(super) memory: Charged,
+    pub(super) cancel: Option<Arc<AtomicBool>>,
+}
 
-    /// Parses `raw` and analyses it, charging the budget for what the parsed model will really
-    /// need (not only the guess from the file's size it started with). Stops after the parse
-    /// if `cancel` is set by then.
-    pub(super) async fn parse_and_prepare<R: std::io::Read + Send + 'static>(
-        &self,
-        raw: R,
-        counter: Arc<AtomicU64>,
-        (memory, estimate): (Held, u64),
-        cancel: Option<Arc<AtomicBool>>,
-    ) -> Result<(Prepared, Held), AnalysisError> {
-        let budget = self.budget();
-        let ingested = tokio::task::spawn_blocking(move || {
-            let options = ingest::Options { progress: Some(counter), ..super::ingest_options(budget) };
-            ingest::ingest(raw, &options)
-        })
-        .await??;
-        tracing::debug!(bytes = ingested.source.bytes, "parsed");
-        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-            return Err(AnalysisError::GivenUp);
-        }
-        // Charged before the analysis takes it; past the whole budget it never could.
-        let need = analysis::cost::within(&ingested.snapshot, budget)?;
-        let memory = self.charge(memory, estimate, need).await;
-        let started = std::time::Instant::now();
-        let prepared = tokio::task::spawn_blocking(move || prepare(ingested)).await??;
-        tracing::debug!(seconds = started.elapsed().as_secs_f64(), "analysed the parsed snapshot");
-        Ok((prepared, memory))
+/// Parses a stored blob and analyses it.
+pub(super) async fn parse_blob(
+    budget: &Budget,
+    store: &Store,
+    sha256: &str,
+    parse: Parse,
+) -> Result<(Prepared, Held), AnalysisError> {
+    let file = store.blobs.open(sha256).await.map_err(AnalysisError::Missing)?;
+    parse_and_prepare(budget, file, parse).await
+}
+
+/// Parses `raw` and analyses it, charging the budget for what the parsed model will really
+/// need (not only the guess from the file's size it started with). Stops after the parse if
+/// `cancel` is set by then.
+pub(super) async fn parse_and_prepare<R: std::io::Read + Send + 'static>(
+    budget: &Budget,
+    raw: R,
+    Parse { counter, memory, cancel }: Parse,
+) -> Result<(Prepared, Held), AnalysisError> {
+    let total = budget.total();
+    let ingested = tokio::task::spawn_blocking(move || {
+        let options = ingest::Options { progress: Some(counter), ..super::ingest_options(total) };
+        ingest::ingest(raw, &options)
+    })
+    .await??;
+    tracing::debug!(bytes = ingested.source.bytes, "parsed");
+    if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+        return Err(AnalysisError::GivenUp);
     }
+    // Charged before the analysis takes it; past the whole budget it never could.
+    let need = analysis::cost::within(&ingested.snapshot, total)?;
+    let memory = budget.charge(memory, need).await;
+    let started = std::time::Instant::now();
+    let prepared = tokio::task::spawn_blocking(move || prepare(ingested)).await??;
+    tracing::debug!(seconds = started.elapsed().as_secs_f64(), "analysed the parsed snapshot");
+    Ok((prepared, memory))
 }

@@ -29,7 +29,7 @@ impl Service {
 
 /// Deletes what is older than `days`; how many uploads it deleted.
 async fn retention_pass(service: &Service, days: u64) -> usize {
-    let cutoff = super::worker::unix_now().saturating_sub(days as i64 * 86400);
+    let cutoff = crate::store::unix_now().saturating_sub(days as i64 * 86400);
     let mut deleted = 0;
     match service.store.meta.created_before(cutoff).await {
         Ok(ids) => {

@@ -17,14 +17,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::early::Early;
+use super::budget::{Budget, Charged, trim};
+use super::early::{self, Early};
 use super::loaded::Loaded;
-use super::prepare::AnalysisError;
+use super::prepare::{AnalysisError, Parse, parse_blob};
 use crate::analysis::summary::Summary;
 use crate::ingest;
-use crate::store::{Status, Store};
-
-pub(super) type Held = Option<tokio::sync::OwnedSemaphorePermit>;
+use crate::store::{Status, Store, unix_now};
 
 /// Analyses claimed this many times without finishing are failed, not started again.
 const MAX_ATTEMPTS: u64 = 2;
@@ -54,25 +53,22 @@ impl Default for Leases {
     }
 }
 
-pub(super) use crate::store::unix_now;
-
 #[derive(Clone)]
 pub struct Worker {
     /// Wakes idle workers when this replica queues a job.
     wake: Arc<tokio::sync::Notify>,
     progress: Arc<Mutex<HashMap<String, Arc<AtomicU64>>>>,
     /// One permit per analysis allowed to run at once.
-    pub slots: Arc<tokio::sync::Semaphore>,
+    slots: Arc<tokio::sync::Semaphore>,
     /// Checks of small uploads before the answer have their own two slots, so an upload never
     /// waits behind background analyses; see `Service::check`.
-    pub checks: Arc<tokio::sync::Semaphore>,
+    pub(super) checks: Arc<tokio::sync::Semaphore>,
     /// Simulations anyone holding a link may start: at most two at once, the rest told to retry.
-    pub simulations: Arc<tokio::sync::Semaphore>,
-    /// The memory budget for analyses, in MiB permits.
-    pub(super) memory: Arc<tokio::sync::Semaphore>,
-    pub(super) memory_mib: u32,
+    pub(super) simulations: Arc<tokio::sync::Semaphore>,
+    /// The memory budget for analyses.
+    pub(super) budget: Budget,
     counters: Arc<super::metrics::Counters>,
-    pub(super) leases: Leases,
+    leases: Leases,
     /// The jobs this replica holds now, to give back at a graceful stop.
     held: Arc<Mutex<std::collections::HashSet<String>>>,
     /// Set at a graceful stop: no new job is claimed.
@@ -80,35 +76,23 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Starts `workers` analysis tasks sharing `memory` bytes.
-    ///
-    /// On glibc, memory an analysis frees stays in the arena of the thread that freed it, and
-    /// the next analysis, on another blocking thread, takes fresh pages: the process's RSS then
-    /// climbs past the budget though the live bytes stay within it. Two arenas, and a trim after
-    /// each analysis, keep RSS close to what is live.
+    /// Starts `workers` analysis tasks sharing `budget`.
     pub fn start(
         store: Arc<Store>,
         loaded: Arc<Loaded>,
         counters: Arc<super::metrics::Counters>,
-        (workers, memory): (usize, u64),
+        workers: usize,
+        budget: Budget,
         leases: Leases,
     ) -> Worker {
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        // SAFETY: mallopt only sets a tuning parameter of the allocator.
-        unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, 2);
-        }
         let slots = Arc::new(tokio::sync::Semaphore::new(workers.max(1)));
-        let memory_mib = (memory >> 20).clamp(64, u32::MAX as u64 >> 4) as u32;
-        let memory = Arc::new(tokio::sync::Semaphore::new(memory_mib as usize));
         let worker = Worker {
             wake: Arc::new(tokio::sync::Notify::new()),
             progress: Arc::new(Mutex::new(HashMap::new())),
             slots,
             checks: Arc::new(tokio::sync::Semaphore::new(2)),
             simulations: Arc::new(tokio::sync::Semaphore::new(2)),
-            memory,
-            memory_mib,
+            budget,
             counters,
             leases: leases.clone(),
             held: Arc::default(),
@@ -145,47 +129,29 @@ impl Worker {
         worker
     }
 
-    /// Holds `bytes` of the budget where `held` holds `held_bytes` (the estimate it started
-    /// with): more at once if free, else by giving `held` back and waiting for the whole amount
-    /// (two analyses each holding part and waiting for more would never move).
-    pub(super) async fn charge(
-        &self,
-        held: Option<tokio::sync::OwnedSemaphorePermit>,
-        held_bytes: u64,
-        bytes: u64,
-    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        if bytes <= held_bytes {
-            return held;
-        }
-        let extra = (((bytes - held_bytes) >> 20) as u32).clamp(1, self.memory_mib);
-        let mut held = held?;
-        match self.memory.clone().try_acquire_many_owned(extra) {
-            Ok(more) => {
-                held.merge(more);
-                Some(held)
+    /// Starts parsing an upload of `bytes` (announced) as it arrives, if an analysis slot and
+    /// the memory it needs are free now; see `early`.
+    pub fn start_early(&self, bytes: u64) -> Option<Early> {
+        early::start(&self.slots, &self.budget, bytes)
+    }
+
+    /// Takes the analysis of new bytes whose upload was parsed while it arrived: claims their
+    /// job and writes the prepared analysis (or analyses them afresh if it cannot be used).
+    /// If another worker claimed the job first, the early work is dropped.
+    pub async fn adopt(&self, store: Arc<Store>, loaded: Arc<Loaded>, sha256: &str, early: Early) {
+        let now = unix_now();
+        let until = now + self.leases.lease.as_secs() as i64;
+        match store.meta.claim_for(sha256, &self.leases.owner, now, until).await {
+            Ok(Some(claim)) => {
+                let w = self.clone();
+                tokio::spawn(async move { w.run(store, &loaded, claim, Some(early)).await });
             }
-            Err(_) => {
-                drop(held);
-                self.reserve_memory(bytes).await
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(sha256, error = %e, "cannot claim the job of an upload parsed while arriving");
+                self.wake();
             }
         }
-    }
-
-    /// The whole analysis budget, in bytes: what one analysis may take at most.
-    pub fn budget(&self) -> u64 {
-        (self.memory_mib as u64) << 20
-    }
-
-    /// Bytes of the budget free now.
-    pub fn memory_free(&self) -> u64 {
-        (self.memory.available_permits() as u64) << 20
-    }
-
-    /// Waits until `bytes` of the memory budget are free and holds them (a request larger than
-    /// the whole budget waits for all of it).
-    pub async fn reserve_memory(&self, bytes: u64) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let mib = ((bytes >> 20) as u32).clamp(1, self.memory_mib);
-        self.memory.clone().acquire_many_owned(mib).await.ok()
     }
 
     /// Tells idle workers that a job was queued (the job itself is a row of the database).
@@ -202,13 +168,7 @@ impl Worker {
 
     /// Analyses the bytes of a claimed job once for every upload of them, renewing the lease
     /// until the outcome is recorded.
-    pub(super) async fn run(
-        &self,
-        store: Arc<Store>,
-        loaded: &Loaded,
-        claim: crate::store::Claim,
-        early: Option<Early>,
-    ) {
+    async fn run(&self, store: Arc<Store>, loaded: &Loaded, claim: crate::store::Claim, early: Option<Early>) {
         let leases = &self.leases;
         let id = claim.sha256.as_str();
         if self.stopping.load(Ordering::Acquire) {
@@ -218,7 +178,7 @@ impl Worker {
         if claim.attempts > MAX_ATTEMPTS {
             tracing::warn!(id, attempts = claim.attempts, "analysis died twice: failed, not resumed");
             super::metrics::Counters::add(&self.counters.analyses_failed, 1);
-            self.record(&store, id, (Status::Failed, Some(DIED.to_string()), None, None)).await;
+            self.record(&store, id, Outcome::failed(DIED.to_string())).await;
             return;
         }
         let renewal = {
@@ -293,8 +253,9 @@ impl Worker {
                     let _ = std::io::Read::read(&mut f, &mut head);
                 }
                 let estimate = ingest::memory_estimate(row.bytes, &head);
-                let memory = self.reserve_memory(estimate).await;
-                self.parse_blob(&store, &row.sha256, counter, (memory, estimate)).await
+                let held = self.budget.reserve(estimate).await;
+                let parse = Parse { counter, memory: Charged { held, bytes: estimate }, cancel: None };
+                parse_blob(&self.budget, &store, &row.sha256, parse).await
             }
         };
         let mut outcome = match parsed {
@@ -319,11 +280,11 @@ impl Worker {
             Ok((verdict, summary, entry)) => {
                 tracing::info!(id, bytes = row.bytes, seconds = started.elapsed().as_secs_f64(), verdict, "analysed");
                 loaded.put(id, Arc::new(entry));
-                (Status::Ready, None, Some(verdict), summary)
+                Outcome { status: Status::Ready, error: None, verdict: Some(verdict), summary }
             }
             Err(e) => {
                 tracing::info!(id, error = %e, "analysis failed");
-                (Status::Failed, Some(e.to_string()), None, None)
+                Outcome::failed(e.to_string())
             }
         };
         self.record(&store, id, recorded).await;
@@ -356,14 +317,10 @@ impl Worker {
     /// Records an outcome and takes the job off the queue. Recording can fail (a full disk
     /// fails the database's writes): then it is logged and tried again every few seconds until
     /// it holds, never dropped.
-    async fn record(
-        &self,
-        store: &Store,
-        id: &str,
-        (status, error, verdict, summary): (Status, Option<String>, Option<String>, Option<Summary>),
-    ) {
+    async fn record(&self, store: &Store, id: &str, o: Outcome) {
         let mut wait = std::time::Duration::from_secs(1);
-        while let Err(e) = store.meta.finish(id, status, error.as_deref(), verdict.as_deref(), summary.as_ref()).await {
+        let (error, verdict) = (o.error.as_deref(), o.verdict.as_deref());
+        while let Err(e) = store.meta.finish(id, o.status, error, verdict, o.summary.as_ref()).await {
             tracing::error!(id, error = %e, "cannot record the analysis; trying again");
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(std::time::Duration::from_secs(30));
@@ -371,55 +328,16 @@ impl Worker {
     }
 }
 
-/// Gives the pages freed by an analysis back to the OS (see `Worker::start`).
-fn trim() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free memory at the top of glibc's heaps.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+/// How an analysis ended, as its row records it.
+struct Outcome {
+    status: Status,
+    error: Option<String>,
+    verdict: Option<String>,
+    summary: Option<Summary>,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn worker(mib: u32) -> Worker {
-        Worker {
-            wake: Default::default(),
-            progress: Default::default(),
-            slots: Arc::new(tokio::sync::Semaphore::new(2)),
-            checks: Arc::new(tokio::sync::Semaphore::new(2)),
-            simulations: Arc::new(tokio::sync::Semaphore::new(2)),
-            memory: Arc::new(tokio::sync::Semaphore::new(mib as usize)),
-            memory_mib: mib,
-            counters: Default::default(),
-            leases: Leases::default(),
-            held: Default::default(),
-            stopping: Default::default(),
-        }
-    }
-
-    /// Two analyses that each hold part of the budget and find they need more both finish: one
-    /// gives its part back and waits for the whole, rather than both waiting forever.
-    #[tokio::test]
-    async fn charging_more_than_was_reserved_never_deadlocks() {
-        const MIB: u64 = 1 << 20;
-        let w = worker(100);
-        let a = w.reserve_memory(60 * MIB).await;
-        let b = w.reserve_memory(40 * MIB).await;
-        let (wa, wb) = (w.clone(), w.clone());
-        let ta = tokio::spawn(async move {
-            let held = wa.charge(a, 60 * MIB, 90 * MIB).await;
-            assert_eq!(held.as_ref().map(|p| p.num_permits()), Some(90));
-        });
-        let tb = tokio::spawn(async move {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            let held = wb.charge(b, 40 * MIB, 70 * MIB).await;
-            assert_eq!(held.as_ref().map(|p| p.num_permits()), Some(70));
-        });
-        let both = async { (ta.await.unwrap(), tb.await.unwrap()) };
-        tokio::time::timeout(std::time::Duration::from_secs(5), both).await.expect("both finish");
-        assert_eq!(w.memory.available_permits(), 100, "everything given back");
+impl Outcome {
+    fn failed(error: String) -> Outcome {
+        Outcome { status: Status::Failed, error: Some(error), verdict: None, summary: None }
     }
 }

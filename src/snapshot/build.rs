@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::reader::{Heap, Kind, Parsed, Value};
 
-use super::expansion::{Budget, Charged, MAX_DEVICES, MAX_SEGMENTS, MIN_BLOCK, repeated, take, take_run};
+use super::expansion::{Besides, Budget, Charged, MAX_DEVICES, MAX_SEGMENTS, MIN_BLOCK, repeated, take, take_run};
 use super::sink::{STACK_TAG, SnapshotSink, found};
 
 use super::{
@@ -365,7 +365,7 @@ impl Walker<'_> {
         }
         if let Some((budget, read, charged)) = &mut self.charge {
             let events = self.sink.events.len() as u64;
-            charged.segment(budget, (*read, events), block_values.len() as u64, &path)?;
+            charged.segment(budget, Besides { read: *read, events }, block_values.len() as u64, &path)?;
         }
         for (j, b) in block_values.into_iter().enumerate() {
             let block = self.block(b, &|| format!("segments[{i}].blocks[{j}]"), next)?;

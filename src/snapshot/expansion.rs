@@ -35,6 +35,12 @@ impl Budget {
     }
 }
 
+/// What the model holds beside its blocks and segments: bytes the reader holds, and events.
+pub(super) struct Besides {
+    pub(super) read: u64,
+    pub(super) events: u64,
+}
+
 /// Counts charged to a [`Budget`] while a model is built.
 #[derive(Debug, Default)]
 pub(super) struct Charged {
@@ -48,7 +54,7 @@ impl Charged {
     pub(super) fn segment(
         &mut self,
         budget: &Budget,
-        (read, events): (u64, u64),
+        Besides { read, events }: Besides,
         blocks: u64,
         path: &dyn Fn() -> String,
     ) -> Result<(), ModelError> {
@@ -128,8 +134,11 @@ mod tests {
         let budget = Budget { bytes: 10_000, per_block: 100, per_segment: 1000, per_event: 10 };
         let mut charged = Charged::default();
         let path = || "segments[1]".to_string();
-        assert!(charged.segment(&budget, (1000, 100), 50, &path).is_ok(), "1000 + 5000 + 1000 + 1000");
-        let e = charged.segment(&budget, (1000, 100), 11, &path).unwrap_err().to_string();
+        assert!(
+            charged.segment(&budget, Besides { read: 1000, events: 100 }, 50, &path).is_ok(),
+            "1000 + 5000 + 1000 + 1000"
+        );
+        let e = charged.segment(&budget, Besides { read: 1000, events: 100 }, 11, &path).unwrap_err().to_string();
         assert!(e.contains("segments[1].blocks") && e.contains("61 blocks in 2 segments and 100 events"), "{e}");
         assert_eq!(budget.max_events(), 1000);
     }

@@ -171,6 +171,15 @@ pub struct Store {
     gate: tokio::sync::Mutex<()>,
 }
 
+/// An upload's bytes as they arrived: its temp file, its copy staged in the object store if
+/// there is one, their hash and size.
+pub struct ArrivedFile {
+    pub temp: PathBuf,
+    pub staged: Option<Staged>,
+    pub sha256: String,
+    pub bytes: u64,
+}
+
 impl Store {
     /// The single-machine store: SQLite and folders under `data_dir`.
     #[cfg(test)]
@@ -318,13 +327,8 @@ impl Store {
     /// Keeps a finished upload under a new id. Bytes stored before are not stored again (then
     /// `temp` is removed) and the new upload shares their analysis. Returns the row and
     /// whether its analysis is to be queued.
-    pub async fn add_upload(
-        &self,
-        (temp, staged): (PathBuf, Option<Staged>),
-        sha256: String,
-        bytes: u64,
-        label: Label,
-    ) -> Result<Stored, StoreError> {
+    pub async fn add_upload(&self, arrived: ArrivedFile, label: Label) -> Result<Stored, StoreError> {
+        let ArrivedFile { temp, staged, sha256, bytes } = arrived;
         let delete_key = random_id();
         let key_hash = key_hash(&delete_key);
         let owner = meta::Owner { key_hash: &key_hash, run_key: label.run_key.as_deref() };

@@ -349,7 +349,7 @@ fn take_in<R: Read, S: Sink>(vm: &mut Vm<'_, R, S>, r: &Running<S>) -> Option<u6
     if !vm.memo.can_join(&later.memo, r.copied.0) {
         return None;
     }
-    let ids = vm.heap.ids_for(&later.heap, r.mark, (l.max_containers, l.max_values, l.max_total_string_bytes))?;
+    let ids = vm.heap.ids_for(&later.heap, r.mark, l)?;
     let Later { end, heap, memo, mut sink, fast_dicts, batch, stack } = *later;
     let folded = vm.sink.join(&mut sink, &ids)?;
     // The later part's memo is mapped on another thread while its records are appended here;

@@ -2,7 +2,7 @@
 //! containers get the ids a single read would have given them, in the order it made them.
 
 use super::{Heap, Item, NO_SLOT, StrId, Value, push_items};
-use crate::reader::FoldedIds;
+use crate::reader::{FoldedIds, Limits};
 
 /// How far a heap had come when a later part's copy was taken from it.
 #[derive(Debug, Clone, Copy)]
@@ -67,8 +67,9 @@ impl Heap {
     /// The ids `later` (a copy taken at `mark`) will have here, or None if taking it in would
     /// pass a limit a single read checks on the way: containers, values or string bytes.
     /// Changes nothing.
-    pub(crate) fn ids_for(&self, later: &Heap, mark: Mark, limits: (u64, u64, u64)) -> Option<Ids> {
-        let (max_containers, max_values, max_string_bytes) = limits;
+    pub(crate) fn ids_for(&self, later: &Heap, mark: Mark, limits: &Limits) -> Option<Ids> {
+        let (max_containers, max_values) = (limits.max_containers, limits.max_values);
+        let max_string_bytes = limits.max_total_string_bytes;
         if later.changed_copies {
             return None;
         }

@@ -309,7 +309,7 @@ pub(crate) async fn simulate(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let row = app.ready(&id).await?;
     let capacity = match q.capacity.as_deref().filter(|c| !c.is_empty()) {
-        Some(c) => Some(crate::config::parse_size(c).map_err(ApiError::BadRequest)?),
+        Some(c) => Some(crate::config::parse_size(c).map_err(|e| ApiError::BadRequest(e.to_string()))?),
         None => None,
     };
     let nonempty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
