@@ -213,106 +213,19 @@ fn projection(x: &Inputs, oom: &Oom, state: &State) -> Need {
     let phases = &x.index.phases;
     let request = x.rules.round_size(oom.requested_bytes);
     let phase = phases.phase.get(at).copied().unwrap_or(Phase::Other);
-    // At least what was alive and the request: a floor under every projection.
-    let floor = {
-        let mut m = Mix::default();
-        for b in super::memory::live_blocks(state).filter(|b| b.state == crate::snapshot::BlockState::ActiveAllocated) {
-            let c = x.index.labels.of(b);
-            m.add(c, b.size, b.event != crate::replay::NIL && earlier::batch_sized(c), false);
-        }
-        let batched = matches!(phase, Phase::Forward | Phase::Backward);
-        m.add(super::categories::Category::Temporary, request, batched, false);
-        m
-    };
-    let with_floor = |mut model: Model| {
-        model.moments.push(floor);
-        model
-    };
+    let floor = floor(x, state, request, phase);
     let steps = steps::steps(x.snapshot, x.events, phases);
     let k = steps.as_ref().and_then(|s| s.of(at));
+    let died = Died { at, request, phase, step: k, floor };
     if let (Some(steps), Some(k)) = (&steps, k)
         && k >= 1
         && (x.replay.complete || k >= 2)
+        && let Some(need) = from_earlier_step(x, steps, &died)
     {
-        let (earlier, dying) = (steps.range(k - 1, x.events.len()), steps.range(k, x.events.len()));
-        let dying = dying.start..at + 1;
-        if let Some(p) =
-            earlier::project(x.snapshot, x.events, x.index, x.replay, x.rules, earlier.clone(), dying.clone())
-        {
-            let mut layers = forward_of(phases, earlier.clone())
-                .and_then(|(fwd, end)| layers::find(x.snapshot, x.events, fwd, end, &x.index.freed, x.rules));
-            if let Some(l) = layers.as_mut() {
-                // Measured in the earlier step: at the dying step's sizes.
-                l.saved_bytes_per_call = (l.saved_bytes_per_call as f64 * p.ratio) as u64;
-                l.input_bytes = (l.input_bytes as f64 * p.ratio) as u64;
-            }
-            let (what, of) = if steps.from_phases { ("step", "") } else { ("repetition", " of the loop") };
-            let scaled = if (p.ratio - 1.0).abs() < 0.02 {
-                "at the same sizes".to_string()
-            } else {
-                format!("its batch-sized allocations {:.2}x as large in the step that died", p.ratio)
-            };
-            return Need {
-                basis: format!(
-                    "Projected from {what} {}{of} ({:.0}% of the dying {what}'s requests matched it by call site, {scaled}): what was alive when {what} {k} began, plus what {what} {} made and freed within itself, scaled to the dying {what}'s sizes.",
-                    k - 1,
-                    100.0 * p.matched,
-                    k - 1
-                ),
-                method: Method::EarlierStep,
-                step: Some(k as u32),
-                reference_step: Some(k as u32 - 1),
-                batch_ratio: Some(p.ratio),
-                layers,
-                model: with_floor(p.model),
-                ..Need::default()
-            };
-        }
+        return need;
     }
     if phases.has_frames {
-        let run = phases.runs.iter().rev().find(|r| r.1 <= at && r.0 == Phase::Forward).map(|r| r.1..at + 1);
-        let mut layers = run.and_then(|fwd| layers::find(x.snapshot, x.events, fwd, at, &x.index.freed, x.rules));
-        if let Some(l) = layers.as_mut()
-            && let Some(n) = layers::from_parameters(&parameter_sizes(x))
-            && n > l.calls
-        {
-            l.calls = n;
-        }
-        let has = |c| super::memory::live_blocks(state).any(|b| x.index.labels.of(b) == c);
-        let training = phases.training
-            || has(super::categories::Category::Activation)
-            || has(super::categories::Category::OptimizerState);
-        let f = first::project(x.index, state, request, phase, training, layers.as_ref());
-        let mut basis = format!(
-            "Projected for a first step (no earlier step ran whole): what was alive at the OOM and the request{}",
-            if f.layers_left > 0 {
-                format!(
-                    ", the activations of the {} calls of the repeated layer the forward had not reached",
-                    f.layers_left
-                )
-            } else {
-                String::new()
-            }
-        );
-        if training {
-            basis.push_str(", the gradient of the failing tensor, and the weights' gradients");
-            if f.assumed_state {
-                basis.push_str(
-                    " and the state the optimizer's first step() makes, taken as Adam's or AdamW's (two tensors per weight)",
-                );
-            }
-        }
-        basis.push_str(
-            ". The loss's and the backward's other temporaries are not in the trace: the step needs at least this.",
-        );
-        return Need {
-            basis,
-            method: Method::FirstStep,
-            step: k.map(|k| k as u32),
-            layers,
-            model: with_floor(f.model),
-            ..Need::default()
-        };
+        return for_first_step(x, state, &died);
     }
     let peak_before = x.peak.0.max(floor.total());
     let high = Mix { fixed: peak_before, ..Mix::default() };
@@ -324,6 +237,119 @@ fn projection(x: &Inputs, oom: &Oom, state: &State) -> Need {
         ),
         method: Method::LowerBound,
         model: Model::of(vec![floor, high]),
+        ..Need::default()
+    }
+}
+
+/// Where the job died: the OOM's event, its request (rounded), its phase and step, and the
+/// floor under every projection.
+struct Died {
+    at: usize,
+    request: u64,
+    phase: Phase,
+    step: Option<usize>,
+    floor: Mix,
+}
+
+impl Died {
+    fn with_floor(&self, mut model: Model) -> Model {
+        model.moments.push(self.floor);
+        model
+    }
+}
+
+/// At least what was alive and the request: a floor under every projection.
+fn floor(x: &Inputs, state: &State, request: u64, phase: Phase) -> Mix {
+    let mut m = Mix::default();
+    for b in super::memory::live_blocks(state).filter(|b| b.state == crate::snapshot::BlockState::ActiveAllocated) {
+        let c = x.index.labels.of(b);
+        m.add(c, b.size, b.event != crate::replay::NIL && earlier::batch_sized(c), false);
+    }
+    let batched = matches!(phase, Phase::Forward | Phase::Backward);
+    m.add(super::categories::Category::Temporary, request, batched, false);
+    m
+}
+
+/// The dying step projected from the step before it, where that ran whole.
+fn from_earlier_step(x: &Inputs, steps: &steps::Steps, died: &Died) -> Option<Need> {
+    let k = died.step?;
+    let (earlier, dying) = (steps.range(k - 1, x.events.len()), steps.range(k, x.events.len()));
+    let dying = dying.start..died.at + 1;
+    let p = earlier::project(x.snapshot, x.events, x.index, x.replay, x.rules, earlier.clone(), dying)?;
+    let mut layers = forward_of(&x.index.phases, earlier)
+        .and_then(|(fwd, end)| layers::find(x.snapshot, x.events, fwd, end, &x.index.freed, x.rules));
+    if let Some(l) = layers.as_mut() {
+        // Measured in the earlier step: at the dying step's sizes.
+        l.saved_bytes_per_call = (l.saved_bytes_per_call as f64 * p.ratio) as u64;
+        l.input_bytes = (l.input_bytes as f64 * p.ratio) as u64;
+    }
+    let (what, of) = if steps.from_phases { ("step", "") } else { ("repetition", " of the loop") };
+    let scaled = if (p.ratio - 1.0).abs() < 0.02 {
+        "at the same sizes".to_string()
+    } else {
+        format!("its batch-sized allocations {:.2}x as large in the step that died", p.ratio)
+    };
+    Some(Need {
+        basis: format!(
+            "Projected from {what} {}{of} ({:.0}% of the dying {what}'s requests matched it by call site, {scaled}): what was alive when {what} {k} began, plus what {what} {} made and freed within itself, scaled to the dying {what}'s sizes.",
+            k - 1,
+            100.0 * p.matched,
+            k - 1
+        ),
+        method: Method::EarlierStep,
+        step: Some(k as u32),
+        reference_step: Some(k as u32 - 1),
+        batch_ratio: Some(p.ratio),
+        layers,
+        model: died.with_floor(p.model),
+        ..Need::default()
+    })
+}
+
+/// The step projected from its own start, where no earlier step ran whole.
+fn for_first_step(x: &Inputs, state: &State, died: &Died) -> Need {
+    let (at, phases) = (died.at, &x.index.phases);
+    let run = phases.runs.iter().rev().find(|r| r.1 <= at && r.0 == Phase::Forward).map(|r| r.1..at + 1);
+    let mut layers = run.and_then(|fwd| layers::find(x.snapshot, x.events, fwd, at, &x.index.freed, x.rules));
+    if let Some(l) = layers.as_mut()
+        && let Some(n) = layers::from_parameters(&parameter_sizes(x))
+        && n > l.calls
+    {
+        l.calls = n;
+    }
+    let has = |c| super::memory::live_blocks(state).any(|b| x.index.labels.of(b) == c);
+    let training = phases.training
+        || has(super::categories::Category::Activation)
+        || has(super::categories::Category::OptimizerState);
+    let f = first::project(x.index, state, died.request, died.phase, training, layers.as_ref());
+    let mut basis = format!(
+        "Projected for a first step (no earlier step ran whole): what was alive at the OOM and the request{}",
+        if f.layers_left > 0 {
+            format!(
+                ", the activations of the {} calls of the repeated layer the forward had not reached",
+                f.layers_left
+            )
+        } else {
+            String::new()
+        }
+    );
+    if training {
+        basis.push_str(", the gradient of the failing tensor, and the weights' gradients");
+        if f.assumed_state {
+            basis.push_str(
+                " and the state the optimizer's first step() makes, taken as Adam's or AdamW's (two tensors per weight)",
+            );
+        }
+    }
+    basis.push_str(
+        ". The loss's and the backward's other temporaries are not in the trace: the step needs at least this.",
+    );
+    Need {
+        basis,
+        method: Method::FirstStep,
+        step: died.step.map(|k| k as u32),
+        layers,
+        model: died.with_floor(f.model),
         ..Need::default()
     }
 }
