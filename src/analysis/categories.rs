@@ -236,15 +236,9 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
         unsharded: HashSet::new(),
         kv: super::kv::stacks(snapshot, events, phases),
     };
-    // By stack id (ids are dense): looked up once per allocation.
-    let mut params: Vec<Option<bool>> = vec![None; snapshot.stacks.stack_count()];
-    let mut is_param = |stack: StackId| match params.get_mut(stack as usize) {
-        Some(Some(p)) => *p,
-        Some(slot) => *slot.insert(makes_parameters(snapshot, stack)),
-        None => makes_parameters(snapshot, stack),
-    };
+    let mut params = Params { snapshot, memo: vec![None; snapshot.stacks.stack_count()] };
     for b in before {
-        let c = if is_param(b.stack) {
+        let c = if params.made(b.stack) {
             Category::Parameter
         } else if labels.kv.contains(b.stack) {
             Category::KvCache
@@ -258,9 +252,9 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
     if !phases.has_frames {
         return labels;
     }
-    let mut param_sizes: HashSet<u64> = before.iter().filter(|b| is_param(b.stack)).map(|b| b.requested).collect();
+    let mut param_sizes: HashSet<u64> = before.iter().filter(|b| params.made(b.stack)).map(|b| b.requested).collect();
     for (i, e) in events.iter().enumerate() {
-        if e.action == Action::ALLOC && is_param(e.stack) {
+        if e.action == Action::ALLOC && params.made(e.stack) {
             labels.by_event[i] = Category::Parameter;
             param_sizes.insert(e.size);
             if unsharded_copy(snapshot, e.stack) {
@@ -273,32 +267,78 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
             labels.by_event[i] = Category::KvCache;
         }
     }
-    let trainable = trainable_sizes(snapshot, events, phases, before, freed).unwrap_or(param_sizes);
-    let grad_stacks = gradient_stacks(events, phases, freed);
-    let last = events.len().saturating_sub(1);
-    let saved = saved_for_backward(events, phases, freed);
-    let first_forward = phases.runs.iter().find(|r| r.0 == Phase::Forward).map_or(usize::MAX, |r| r.1);
+    let by_phase = ByPhase {
+        snapshot,
+        phases,
+        freed,
+        trainable: trainable_sizes(snapshot, events, phases, before, freed).unwrap_or(param_sizes),
+        grad_stacks: gradient_stacks(events, phases, freed),
+        last: events.len().saturating_sub(1),
+        saved: saved_for_backward(events, phases, freed),
+        first_forward: phases.runs.iter().find(|r| r.0 == Phase::Forward).map_or(usize::MAX, |r| r.1),
+    };
     let mut run = 0;
     for (i, e) in events.iter().enumerate() {
         if e.action != Action::ALLOC || matches!(labels.by_event[i], Category::Parameter | Category::KvCache) {
             continue;
         }
-        let free = (freed[i] != NEVER).then_some(freed[i] as usize);
         // Events go forward, and so does the run that holds them.
         while phases.runs[run].2 < i {
             run += 1;
         }
+        labels.by_event[i] = by_phase.category(i, e, run);
+    }
+    labels
+}
+
+/// Whether a stack makes parameters, asked once per allocation: by stack id (ids are dense).
+struct Params<'a> {
+    snapshot: &'a Snapshot,
+    memo: Vec<Option<bool>>,
+}
+
+impl Params<'_> {
+    fn made(&mut self, stack: StackId) -> bool {
+        match self.memo.get_mut(stack as usize) {
+            Some(Some(p)) => *p,
+            Some(slot) => *slot.insert(makes_parameters(self.snapshot, stack)),
+            None => makes_parameters(self.snapshot, stack),
+        }
+    }
+}
+
+/// What an allocation's phase, and when it is freed, say it holds.
+struct ByPhase<'a> {
+    snapshot: &'a Snapshot,
+    phases: &'a Phases,
+    freed: &'a [u32],
+    /// The sizes of the parameters the optimizer trains.
+    trainable: HashSet<u64>,
+    grad_stacks: HashSet<StackId>,
+    last: usize,
+    /// The last forward, where no backward follows it, keeps what a training forward keeps.
+    saved: bool,
+    first_forward: usize,
+}
+
+impl ByPhase<'_> {
+    /// The category of allocation `i`, in phase run `run`.
+    fn category(&self, i: usize, e: &Event, run: usize) -> Category {
+        let (phases, snapshot) = (self.phases, self.snapshot);
+        let free = (self.freed[i] != NEVER).then_some(self.freed[i] as usize);
         let (phase, _, run_end) = phases.runs[run];
         let freed_by = |end: usize| free.is_some_and(|f| f <= end);
-        labels.by_event[i] = match phase {
+        let freed_in_optimizer = free.is_some_and(|f| phases.phase[f] == Phase::Optimizer);
+        match phase {
             Phase::Optimizer if freed_by(run_end) => Category::Temporary,
-            Phase::Optimizer if run_end < last || inits_optimizer_state(snapshot, e.stack) => Category::OptimizerState,
+            Phase::Optimizer if run_end < self.last || inits_optimizer_state(snapshot, e.stack) => {
+                Category::OptimizerState
+            }
             Phase::Optimizer => Category::Unknown,
             Phase::Backward if freed_by(run_end) => Category::Temporary,
             Phase::Backward => {
-                let freed_in_optimizer = free.is_some_and(|f| phases.phase[f] == Phase::Optimizer);
-                let kept_as_before = free.is_none() && grad_stacks.contains(&e.stack);
-                if trainable.contains(&e.size) || freed_in_optimizer || kept_as_before {
+                let kept_as_before = free.is_none() && self.grad_stacks.contains(&e.stack);
+                if self.trainable.contains(&e.size) || freed_in_optimizer || kept_as_before {
                     Category::Gradient
                 } else if free.is_none() && run + 1 == phases.runs.len() {
                     Category::Activation
@@ -306,24 +346,25 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
                     Category::Unknown
                 }
             }
-            Phase::Forward => forward(phases, run, free, saved),
+            Phase::Forward => forward(phases, run, free, self.saved),
             Phase::Other => {
                 let user = phases.tag_of(e.stack) == super::phases::Tag::User;
-                let freed_in_optimizer = free.is_some_and(|f| phases.phase[f] == Phase::Optimizer);
-                let library_param =
-                    || loads(snapshot, e.stack) || (made_by_library(snapshot, e.stack) && trainable.contains(&e.size));
+                let library_param = || {
+                    loads(snapshot, e.stack) || (made_by_library(snapshot, e.stack) && self.trainable.contains(&e.size))
+                };
                 match phases.next_run(run, Phase::Forward).map(|r| phases.runs[r].1) {
-                    _ if grad_stacks.contains(&e.stack) && (free.is_none() || freed_in_optimizer) => Category::Gradient,
+                    _ if self.grad_stacks.contains(&e.stack) && (free.is_none() || freed_in_optimizer) => {
+                        Category::Gradient
+                    }
                     _ if freed_by(run_end) => Category::Temporary,
-                    Some(_) if i < first_forward && free.is_none() && library_param() => Category::Parameter,
+                    Some(_) if i < self.first_forward && free.is_none() && library_param() => Category::Parameter,
                     Some(fwd) if user && free.is_none_or(|f| f >= fwd) => Category::Input,
                     Some(fwd) if free.is_some_and(|f| f < fwd) => Category::Temporary,
                     _ => Category::Other,
                 }
             }
-        };
+        }
     }
-    labels
 }
 
 /// The sizes of the parameters the optimizer trains: those it keeps state for (Adam's moments
