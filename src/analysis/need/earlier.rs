@@ -47,6 +47,47 @@ pub fn project(
     earlier: std::ops::Range<usize>,
     dying: std::ops::Range<usize>,
 ) -> Option<Projection> {
+    let scaling = scaling(events, index, earlier.clone(), dying.clone())?;
+    let (ratio, matched) = (scaling.ratio, scaling.matched);
+    // Alive when the dying step began.
+    let start = replay.state_at(snapshot, dying.start.checked_sub(1));
+    let mut persistent = Mix::default();
+    for b in live_blocks(&start).filter(|b| b.state == crate::snapshot::BlockState::ActiveAllocated) {
+        persistent.add(index.labels.of(b), b.size, false, true);
+    }
+    let mut changes = changes(events, index, rules, earlier, &scaling);
+    changes.sort_by_key(|(at, change, _)| (*at, *change));
+    let (mut made, mut gone) = (Mix::default(), Mix::default());
+    let mut moments = Vec::new();
+    for (_, change, m) in changes {
+        match change {
+            Change::Made => {
+                made = made.plus(&m);
+                moments.push(persistent.plus(&made).minus(&gone));
+            }
+            Change::Freed => made = made.minus(&m),
+            Change::Older => gone = gone.plus(&m),
+        }
+    }
+    moments.push(persistent);
+    Some(Projection { model: Model::of(moments), ratio, matched })
+}
+
+/// How the dying step's requests compare with the earlier step's, matched by call site and
+/// order: per allocation of the earlier step, the dying step's size over its own; the batch
+/// ratio (a weighted median of the batch-sized ones); the share of requests matched.
+struct Scaling {
+    scale: HashMap<usize, f64>,
+    ratio: f64,
+    matched: f64,
+}
+
+fn scaling(
+    events: &[Event],
+    index: &Index,
+    earlier: std::ops::Range<usize>,
+    dying: std::ops::Range<usize>,
+) -> Option<Scaling> {
     let key_of = |range: std::ops::Range<usize>| {
         let mut nth: HashMap<StackId, u32> = HashMap::new();
         range
@@ -81,13 +122,19 @@ pub fn project(
         return None;
     }
     let ratio = weighted_median(&mut ratios).unwrap_or(1.0);
-    // Alive when the dying step began.
-    let start = replay.state_at(snapshot, dying.start.checked_sub(1));
-    let mut persistent = Mix::default();
-    for b in live_blocks(&start).filter(|b| b.state == crate::snapshot::BlockState::ActiveAllocated) {
-        persistent.add(index.labels.of(b), b.size, false, true);
-    }
-    // The earlier step's own allocations that it freed itself, and what it freed of older ones.
+    Some(Scaling { scale, ratio, matched })
+}
+
+/// The earlier step's own allocations that it freed itself (scaled to the dying step), and
+/// what it freed of older ones, each at its event.
+fn changes(
+    events: &[Event],
+    index: &Index,
+    rules: &Rules,
+    earlier: std::ops::Range<usize>,
+    Scaling { scale, ratio, .. }: &Scaling,
+) -> Vec<(usize, Change, Mix)> {
+    let ratio = *ratio;
     let mut changes: Vec<(usize, Change, Mix)> = Vec::new();
     for i in earlier.clone() {
         let e = &events[i];
@@ -116,21 +163,7 @@ pub fn project(
             changes.push((free as usize, Change::Older, m));
         }
     }
-    changes.sort_by_key(|(at, change, _)| (*at, *change));
-    let (mut made, mut gone) = (Mix::default(), Mix::default());
-    let mut moments = Vec::new();
-    for (_, change, m) in changes {
-        match change {
-            Change::Made => {
-                made = made.plus(&m);
-                moments.push(persistent.plus(&made).minus(&gone));
-            }
-            Change::Freed => made = made.minus(&m),
-            Change::Older => gone = gone.plus(&m),
-        }
-    }
-    moments.push(persistent);
-    Some(Projection { model: Model::of(moments), ratio, matched })
+    changes
 }
 
 /// What happens at an event of the earlier step.
