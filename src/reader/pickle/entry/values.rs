@@ -1,0 +1,273 @@
+//! The values inside a trace entry: frames lists (folded whole, or repeated from the last
+//! one), memo gets and puts, scalars and short strings, each read from the buffered bytes as
+//! the general machine would read them (see the parent module).
+
+use super::super::Res;
+use super::super::opcodes as op;
+use super::*;
+use crate::reader::Sink;
+use crate::reader::value::{Kind, Value};
+
+impl<S: Sink> Parts<'_, S> {
+    /// A frames list after its EMPTY_LIST: memoized frame dicts, folded by the sink into one
+    /// value, or none. Returns the value, its depth and the position after the list.
+    pub(super) fn frames(
+        &mut self,
+        buf: &[u8],
+        from: usize,
+        at: &mut u64,
+    ) -> Res<Option<(Value, u32, usize)>, S::Error> {
+        if buf.get(self.memo_op(buf, from).map_or(from, |(_, p)| p)) != Some(&op::MARK) {
+            return Ok(self.empty_list(buf, from));
+        }
+        let Some(mut p) = self.open(buf, from, 1) else { return Ok(None) };
+        let body = p;
+        if let Some(hit) = self.repeated_list(buf, body, at)? {
+            return Ok(Some(hit));
+        }
+        let mut items = std::mem::take(&mut self.scratch.frames);
+        items.clear();
+        let mut depth = 0;
+        let complete = loop {
+            let Some(w) = step(buf, p).or_else(|| self.ran_short()) else { break false };
+            if w[0] == op::APPENDS {
+                break !items.is_empty();
+            }
+            if w[0] == op::FRAME {
+                p += 9;
+                continue;
+            }
+            if items.len() == MAX_FRAMES {
+                break false;
+            }
+            // A frame dict the general machine has placed before: anything else it would
+            // seal or fold on the way in, which is its business.
+            let (index, next) = match w[0] {
+                op::BINGET => (w[1] as usize, p + 2),
+                op::LONG_BINGET => (u32_at(w, 1) as usize, p + 5),
+                _ => break false,
+            };
+            let Some(Value::Node(id)) = self.get_raw(index) else { break false };
+            let Some(d) = self.heap.sealed_dict(id) else { break false };
+            items.push(Value::Node(id));
+            depth = depth.max(d);
+            p = next;
+        };
+        let folded = if complete { self.fold(&items, depth, p, at, Kind::List) } else { Ok(None) };
+        let count = items.len();
+        self.scratch.frames = items;
+        let folded = folded?;
+        if let Some(v) = folded {
+            self.remember_list(&buf[body..=p], v, count, depth);
+        }
+        // A folded list adds the depth of a folded value.
+        Ok(folded.map(|v| (v, 2, p + 1)))
+    }
+
+    /// A frames list whose bytes, from after its MARK to its APPENDS, are those of one folded
+    /// lately: the same memo gets of the same frame dicts (while no memo entry was overwritten),
+    /// which the sink folds the same way each time (see [`Sink::fold_list`]). Its fold, without
+    /// reading the memo or calling the sink; the limits are checked as the fold checks them.
+    #[inline(always)]
+    pub(super) fn repeated_list(
+        &mut self,
+        buf: &[u8],
+        body: usize,
+        at: &mut u64,
+    ) -> Res<Option<(Value, u32, usize)>, S::Error> {
+        if self.scratch.lists_epoch != self.memo.overwrites() {
+            return Ok(None);
+        }
+        let Some(w) = step(buf, body) else { return Ok(None) };
+        let first = word(w);
+        let Some(list) = self
+            .scratch
+            .lists
+            .iter()
+            .find(|l| l.len > 0 && l.first == first && buf.get(body..body + l.len) == Some(&l.body[..l.len]))
+        else {
+            return Ok(None);
+        };
+        let (value, count, depth, len) = (list.folded, list.count, list.depth, list.len);
+        if !self.heap.room_for_values(count as u64, self.limits.max_values) || depth >= self.limits.max_depth {
+            return Ok(None);
+        }
+        *at = self.base + (body + len - 1) as u64;
+        if !self.close(1, value) {
+            return Ok(None);
+        }
+        self.unbuilt += 1;
+        Ok(Some((value, 2, body + len)))
+    }
+
+    /// Keeps a folded frames list's bytes for [`Parts::repeated_list`].
+    pub(super) fn remember_list(&mut self, bytes: &[u8], folded: Value, count: usize, depth: u32) {
+        let s = &mut *self.scratch;
+        if bytes.len() < 8 || bytes.len() > LIST_BYTES {
+            return;
+        }
+        if s.lists_epoch != self.memo.overwrites() {
+            s.lists.iter_mut().for_each(|l| l.len = 0);
+            s.lists_epoch = self.memo.overwrites();
+        }
+        let slot = &mut s.lists[s.next_list % LISTS];
+        s.next_list += 1;
+        slot.body[..bytes.len()].copy_from_slice(bytes);
+        let first: [u8; 8] = bytes[..8].try_into().unwrap_or([0; 8]);
+        (slot.first, slot.len, slot.folded, slot.count, slot.depth) =
+            (u64::from_le_bytes(first), bytes.len(), folded, count, depth);
+    }
+
+    /// An empty list (torch's frames of an allocation made outside Python): a real, empty
+    /// container, sealed as it is placed, as the general machine leaves it.
+    pub(super) fn empty_list(&mut self, buf: &[u8], p: usize) -> Option<(Value, u32, usize)> {
+        let (put, next) = self.memo_op(buf, p)?;
+        let id = self.heap.new_node(Kind::List);
+        self.heap.seal(id);
+        let v = Value::Node(id);
+        if put {
+            self.put(v)?;
+        }
+        Some((v, self.heap.depth(id), next))
+    }
+
+    /// After a new container's opcode at `p`: its memo put, which must append (a placeholder
+    /// until the container is done), then MARK. Returns the position after the MARK.
+    #[inline(always)]
+    pub(super) fn open(&mut self, buf: &[u8], p: usize, which: usize) -> Option<usize> {
+        let (put, p) = self.memo_op(buf, p)?;
+        if put {
+            self.open_slots[which] = self.memo.len();
+            self.put(Value::Node(0))?;
+        }
+        (buf.get(p) == Some(&op::MARK)).then_some(p + 1)
+    }
+
+    /// Gives an opened container's memo slot, if any, its final value.
+    #[inline(always)]
+    pub(super) fn close(&mut self, which: usize, value: Value) -> bool {
+        let slot = std::mem::replace(&mut self.open_slots[which], usize::MAX);
+        slot == usize::MAX || self.memo.fill(slot, value)
+    }
+
+    /// A memo put at `p` (MEMOIZE, or BINPUT / LONG_BINPUT of the next index), if there is
+    /// one: whether there was, and the position after it. None for a put elsewhere.
+    #[inline(always)]
+    pub(super) fn memo_op(&self, buf: &[u8], p: usize) -> Option<(bool, usize)> {
+        let next = self.memo.len() as u64;
+        match *buf.get(p)? {
+            op::MEMOIZE => Some((true, p + 1)),
+            op::BINPUT => (*buf.get(p + 1)? as u64 == next).then_some((true, p + 2)),
+            op::LONG_BINPUT => (le_u32(buf, p + 1)? as u64 == next).then_some((true, p + 5)),
+            _ => Some((false, p)),
+        }
+    }
+
+    /// Appends `v` to the memo within its limits (a miss leaves the limit's error to the
+    /// general machine).
+    #[inline(always)]
+    pub(super) fn put(&mut self, v: Value) -> Option<()> {
+        let len = self.memo.len();
+        if len as u64 >= self.limits.max_memo {
+            return None;
+        }
+        self.memo.put(len, v).then_some(())
+    }
+
+    /// The memo's value at `index`, unless it is a container this entry has opened.
+    #[inline(always)]
+    pub(super) fn get_raw(&mut self, index: usize) -> Option<Value> {
+        let Some(slot) = self.memo.slot(index) else {
+            self.unseen |= self.memo.unseen(index);
+            return None;
+        };
+        if index >= self.memo_start && self.open_slots.contains(&index) {
+            return None;
+        }
+        Some(self.memo.decode(slot))
+    }
+
+    /// A memo get's value as the general machine's settling would see it, with its depth.
+    #[inline(always)]
+    pub(super) fn get(&mut self, index: usize) -> Option<(Value, u32)> {
+        match self.get_raw(index)? {
+            Value::Node(id) => self.heap.placed(id),
+            v @ Value::Folded(_) => Some((v, 2)),
+            v => Some((v, 0)),
+        }
+    }
+
+    /// A key or value that is no container, its opcode's bytes in `w`: a memo get, a string
+    /// with its memo put, a number, None or a bool. Returns it, its depth and the position
+    /// after it.
+    #[inline(always)]
+    pub(super) fn scalar(&mut self, buf: &[u8], p: usize, w: &[u8; STEP]) -> Option<(Value, u32, usize)> {
+        let (v, next) = match w[0] {
+            op::LONG_BINGET => {
+                let (v, d) = self.get(u32_at(w, 1) as usize)?;
+                return Some((v, d, p + 5));
+            }
+            op::BINGET => {
+                let (v, d) = self.get(w[1] as usize)?;
+                return Some((v, d, p + 2));
+            }
+            op::LONG1 => {
+                let n = w[1] as usize;
+                if n > 8 {
+                    return None;
+                }
+                // The bytes shifted to the top of the word: an arithmetic shift down
+                // sign-extends them.
+                let word = u64::from_le_bytes([w[2], w[3], w[4], w[5], w[6], w[7], w[8], w[9]]);
+                let v = if n == 0 { 0 } else { ((word << (64 - 8 * n)) as i64) >> (64 - 8 * n) };
+                (Value::Int(v), p + 2 + n)
+            }
+            op::BININT => (Value::Int(u32_at(w, 1) as i32 as i64), p + 5),
+            op::BININT1 => (Value::Int(w[1] as i64), p + 2),
+            op::BININT2 => (Value::Int(u16::from_le_bytes([w[1], w[2]]) as i64), p + 3),
+            op::SHORT_BINUNICODE => return self.string(buf, p + 2, w[1] as usize),
+            op::BINUNICODE => return self.string(buf, p + 5, u32_at(w, 1) as usize),
+            op::BINFLOAT => {
+                let bits = [w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]];
+                (Value::Float(f64::from_be_bytes(bits)), p + 9)
+            }
+            op::NONE => (Value::None, p + 1),
+            op::NEWTRUE => (Value::Bool(true), p + 1),
+            op::NEWFALSE => (Value::Bool(false), p + 1),
+            _ => return None,
+        };
+        Some((v, 0, next))
+    }
+
+    /// A string of `n` bytes at `p`, interned, and the memo put after it if any.
+    #[inline(always)]
+    pub(super) fn string(&mut self, buf: &[u8], p: usize, n: usize) -> Option<(Value, u32, usize)> {
+        if n as u64 > self.limits.max_string_bytes {
+            return None;
+        }
+        let raw = buf.get(p..p.checked_add(n)?)?;
+        // torch writes a fresh 'N/A' in every entry: the same bytes as the last short string
+        // read here are the same string.
+        let short = (n <= 8).then(|| {
+            let mut word = [0u8; 8];
+            word[..n].copy_from_slice(raw);
+            (u64::from_le_bytes(word), n)
+        });
+        let id = match (short, self.scratch.last_string) {
+            (Some(key), (last, id)) if key == last => id,
+            _ => {
+                let id = self.heap.strings.intern_bytes(raw, self.limits.max_total_string_bytes)?;
+                if let Some(key) = short {
+                    self.scratch.last_string = (key, id);
+                }
+                id
+            }
+        };
+        let v = Value::Str(id);
+        let (put, next) = self.memo_op(buf, p + n)?;
+        if put {
+            self.put(v)?;
+        }
+        Some((v, 0, next))
+    }
+}
