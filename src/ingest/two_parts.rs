@@ -36,7 +36,7 @@ pub(super) fn ingest<T>(
             yield_to_the_parts();
             let (mut hasher, mut count, mut buf) = (Sha256::new(), 0u64, vec![0u8; CHUNK]);
             loop {
-                let n = super::read_full(&mut file, &mut buf)?;
+                let n = super::input::read_full(&mut file, &mut buf)?;
                 if n == 0 {
                     break;
                 }
