@@ -48,6 +48,10 @@
 //! 7. Blocks alive before the trace began: rule 2 or the optimizer's frames (state that outlived
 //!    the trace's start), a KV cache's stack, else `unknown`.
 
+mod evidence;
+
+pub use evidence::SAVED_SITES;
+use evidence::{forward, gradient_stacks, saved_for_backward, trainable_sizes};
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use serde::{Deserialize, Serialize};
@@ -364,100 +368,5 @@ impl ByPhase<'_> {
                 }
             }
         }
-    }
-}
-
-/// The sizes of the parameters the optimizer trains: those it keeps state for (Adam's moments
-/// are each the size of their parameter), made at the first step in `_init_group`. None when
-/// the trace shows no optimizer state (SGD without momentum, a trace without a step): then
-/// every parameter counts. Frozen weights (PEFT LoRA's base model) get no state, so a tensor of
-/// a frozen weight's size made in a backward is not taken for its gradient.
-fn trainable_sizes(
-    snapshot: &Snapshot,
-    events: &[Event],
-    phases: &Phases,
-    before: &[BlockRec],
-    freed: &[u32],
-) -> Option<HashSet<u64>> {
-    let mut sizes: HashSet<u64> =
-        before.iter().filter(|b| inits_optimizer_state(snapshot, b.stack)).map(|b| b.requested).collect();
-    for (i, e) in events.iter().enumerate() {
-        if e.action == Action::ALLOC
-            && phases.phase[i] == Phase::Optimizer
-            && freed[i] == NEVER
-            && inits_optimizer_state(snapshot, e.stack)
-        {
-            sizes.insert(e.size);
-        }
-    }
-    // Scalars (Adam's `step` when it lives on the GPU) are not a parameter's size.
-    sizes.retain(|s| *s > 512);
-    (!sizes.is_empty()).then_some(sizes)
-}
-
-/// Stacks that made gradients in earlier steps: blocks made after a forward, outside the
-/// optimizer, and freed by the optimizer phase (`zero_grad`). A framework whose gradients are
-/// not a parameter's size (FSDP reduce-scatters each layer's gradients into one flat buffer)
-/// makes them from the same stack every step, so the last step's, alive where the trace
-/// stops, are gradients too. Blocks without frames (the autograd engine's) say nothing.
-fn gradient_stacks(events: &[Event], phases: &Phases, freed: &[u32]) -> HashSet<StackId> {
-    let mut out = HashSet::new();
-    for (i, e) in events.iter().enumerate() {
-        if e.action != Action::ALLOC || e.stack == crate::snapshot::EMPTY_STACK || freed[i] == NEVER {
-            continue;
-        }
-        let made = phases.phase[i];
-        if matches!(made, Phase::Backward | Phase::Other) && phases.phase[freed[i] as usize] == Phase::Optimizer {
-            out.insert(e.stack);
-        }
-    }
-    out
-}
-
-/// Call sites whose blocks a forward keeps several times over, at least, for what it keeps to
-/// read as tensors saved for a backward.
-pub const SAVED_SITES: usize = 4;
-
-/// Whether the last forward run, where no backward follows it, keeps what a training forward
-/// keeps (see rule 5).
-fn saved_for_backward(events: &[Event], phases: &Phases, freed: &[u32]) -> bool {
-    let Some(&(Phase::Forward, start, end)) = phases.runs.last() else { return false };
-    let mut by_site: HashMap<StackId, (u32, u64)> = HashMap::new();
-    let mut kept = 0u64;
-    for i in start..=end {
-        if events[i].action == Action::ALLOC && freed[i] == NEVER {
-            let e = by_site.entry(events[i].stack).or_default();
-            (e.0, e.1) = (e.0 + 1, e.1 + events[i].size);
-            kept += events[i].size;
-        }
-    }
-    let repeated: Vec<u64> = by_site.values().filter(|(n, _)| *n >= 2).map(|(_, b)| *b).collect();
-    repeated.len() >= SAVED_SITES && 2 * repeated.iter().sum::<u64>() >= kept
-}
-
-/// Rule 5: an allocation made in the forward run `run`, freed at `free`; `saved`: the last
-/// forward keeps what a training forward keeps.
-fn forward(phases: &Phases, run: usize, free: Option<usize>, saved: bool) -> Category {
-    let Some(bwd) = phases.next_run(run, Phase::Backward) else {
-        // No backward follows: the trace stops inside this forward, or this is inference.
-        return match free {
-            Some(_) => Category::Temporary,
-            None if phases.next_run(run, Phase::Forward).is_some() => Category::Other,
-            None if phases.training || saved => Category::Activation,
-            None => Category::Unknown,
-        };
-    };
-    let bwd_start = phases.runs[bwd].1;
-    if free.is_some_and(|f| f < bwd_start) {
-        return Category::Temporary;
-    }
-    match (phases.next_run(bwd, Phase::Forward).map(|r| phases.runs[r].1), free) {
-        (Some(next), Some(f)) if f < next => Category::Activation,
-        (Some(_), _) => Category::Other,
-        // The last step: alive through a whole optimizer phase after its backward is kept
-        // across steps; otherwise the trace stops inside the backward, where it is still used.
-        (None, Some(_)) => Category::Activation,
-        (None, None) if phases.next_run(bwd, Phase::Optimizer).is_some() => Category::Other,
-        (None, None) => Category::Activation,
     }
 }
