@@ -14,6 +14,7 @@ mod stacks;
 mod times;
 mod trace;
 mod validate;
+mod walker;
 
 pub use build::{build, build_within};
 pub use error::ModelError;
