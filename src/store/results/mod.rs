@@ -176,8 +176,8 @@ fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::timeline_file::*;
-    use crate::analysis::timeline::block_extremes;
     use super::*;
+    use crate::analysis::timeline::block_extremes;
 
     fn empty_analysis() -> Analysis {
         let source = crate::snapshot::Source {
