@@ -214,18 +214,7 @@ fn tag_cached(snapshot: &Snapshot, tags: &mut [Option<Tag>], stack: StackId) -> 
 /// The phases of a device's events (`first` is the index of `events[0]` in the snapshot).
 pub fn phases(snapshot: &Snapshot, device: i64, events: &[Event], first: usize) -> Phases {
     let mut tags: Vec<Option<Tag>> = vec![None; snapshot.stacks.stack_count()];
-    let mut ranges = optimizer_ranges(snapshot, device);
-    if !ranges.is_empty() {
-        let mut cursor = RangeCursor::new();
-        for (i, e) in events.iter().enumerate() {
-            let Some(time) = snapshot.time(first + i) else { continue };
-            if let Some(r) = cursor.at(&ranges, time)
-                && matches!(tag_cached(snapshot, &mut tags, e.stack), Tag::Forward | Tag::Backward)
-            {
-                ranges[r].closure_until = time;
-            }
-        }
-    }
+    let ranges = optimizer_ranges_with_closures(snapshot, device, events, first, &mut tags);
     let has_frames = events.iter().any(|e| e.stack != EMPTY_STACK);
     let mut out = Phases { has_frames, ..Phases::default() };
     out.phase.reserve(events.len());
@@ -283,6 +272,41 @@ pub fn phases(snapshot: &Snapshot, device: i64, events: &[Event], first: usize) 
     if !saw_optimizer {
         metadata_steps(snapshot, events, first, &mut out);
     }
+    index_runs(&mut out);
+    out.tags = tags;
+    if out.steps == 0 && has_frames {
+        forward_steps(&mut out, &passes);
+    }
+    out
+}
+
+/// The optimizer's ranges, each with the last event of a forward or backward inside it (a
+/// step's closure, as Lightning's `optimizer_step` runs the training step inside it).
+fn optimizer_ranges_with_closures(
+    snapshot: &Snapshot,
+    device: i64,
+    events: &[Event],
+    first: usize,
+    tags: &mut [Option<Tag>],
+) -> Vec<Range> {
+    let mut ranges = optimizer_ranges(snapshot, device);
+    if ranges.is_empty() {
+        return ranges;
+    }
+    let mut cursor = RangeCursor::new();
+    for (i, e) in events.iter().enumerate() {
+        let Some(time) = snapshot.time(first + i) else { continue };
+        if let Some(r) = cursor.at(&ranges, time)
+            && matches!(tag_cached(snapshot, tags, e.stack), Tag::Forward | Tag::Backward)
+        {
+            ranges[r].closure_until = time;
+        }
+    }
+    ranges
+}
+
+/// The runs of one phase, and for each run the next run of every phase.
+fn index_runs(out: &mut Phases) {
     let mut runs: Vec<(Phase, usize, usize)> = Vec::new();
     for (i, p) in out.phase.iter().enumerate() {
         match runs.last_mut() {
@@ -297,11 +321,6 @@ pub fn phases(snapshot: &Snapshot, device: i64, events: &[Event], first: usize) 
     }
     out.runs = runs;
     out.next = next;
-    out.tags = tags;
-    if out.steps == 0 && has_frames {
-        forward_steps(&mut out, &passes);
-    }
-    out
 }
 
 /// Forward passes needed to count them as steps.
