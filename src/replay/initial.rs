@@ -103,6 +103,19 @@ pub fn derive(device: &Device, events: &[Event], rules: &Rules, hints: &dyn Segm
             _ => {}
         }
     }
+    assemble(segs, mapped, live, &finals, events, rules)
+}
+
+/// The state before the trace from what the backward pass left: the segments there, and the
+/// blocks live then placed in them.
+fn assemble(
+    segs: BTreeMap<u64, SegmentRec>,
+    mapped: Vec<(u64, u64, SegmentRec)>,
+    mut live: HashMap<u64, Found>,
+    finals: &[&Block],
+    events: &[Event],
+    rules: &Rules,
+) -> Initial {
     live.retain(|_, found| *found != GONE);
     let empty = segs.is_empty() && mapped.is_empty() && live.is_empty();
     let mut state = State::new();
@@ -116,7 +129,7 @@ pub fn derive(device: &Device, events: &[Event], rules: &Rules, hints: &dyn Segm
     let mut blocks: Vec<(u64, Found)> = live.into_iter().collect();
     blocks.sort_by_key(|(a, _)| *a);
     for (address, found) in blocks {
-        let b = unpack(found, &finals, events);
+        let b = unpack(found, finals, events);
         let size = b.size.unwrap_or_else(|| rules.round_size(b.requested));
         if !place(&mut state, address, size, &b) {
             warnings.push(format!("block {address:#x} live before the trace does not fit the segments there"));

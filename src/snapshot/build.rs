@@ -22,40 +22,7 @@ pub fn build(parsed: Parsed, sink: SnapshotSink) -> Result<Snapshot, ModelError>
 /// events) before they are made, and refusing past it.
 pub fn build_within(parsed: Parsed, mut sink: SnapshotSink, budget: Option<Budget>) -> Result<Snapshot, ModelError> {
     let Parsed { root, mut heap, .. } = parsed;
-    let key = |name: &str| heap.strings.find(name);
-    let (segments, traces, settings, annotations, context, legacy) = match root {
-        Value::Node(id) if heap.kind(id) == Kind::List => (Some(root), None, None, None, None, true),
-        Value::Node(id) if heap.kind(id) == Kind::Dict => {
-            let get = |name: &str| key(name).and_then(|k| heap.get(id, k));
-            let Some(segments) = get("segments") else {
-                let keys: Vec<String> = heap
-                    .pairs(id)
-                    .take(8)
-                    .map(|(k, _)| match k {
-                        Value::Str(s) => format!("{:?}", heap.strings.get(s).chars().take(40).collect::<String>()),
-                        other => other.type_name().to_string(),
-                    })
-                    .collect();
-                let found = format!("a dict with keys [{}]", keys.join(", "));
-                return Err(ModelError::new("(top level)", "a CUDA memory snapshot (a dict with 'segments')", found));
-            };
-            (
-                Some(segments),
-                get("device_traces"),
-                get("allocator_settings"),
-                get("external_annotations"),
-                get("fragscope_context"),
-                false,
-            )
-        }
-        other => {
-            return Err(ModelError::new(
-                "(top level)",
-                "a CUDA memory snapshot (a dict with 'segments', or a list of segments)",
-                found(&heap, other),
-            ));
-        }
-    };
+    let Top { segments, traces, settings, annotations, context, legacy } = top(&heap, root)?;
     let read = heap.approx_bytes(0);
     let charge = budget.map(|b| (b, read, Charged::default()));
     let mut w = Walker { heap: &heap, sink: &mut sink, seen: Default::default(), segments: 0, charge };
@@ -104,6 +71,59 @@ pub fn build_within(parsed: Parsed, mut sink: SnapshotSink, budget: Option<Budge
         legacy,
         warnings,
     })
+}
+
+/// What the top level holds: a dict's parts by key, or (from torch before 1.13) the list of
+/// segments alone.
+struct Top {
+    segments: Option<Value>,
+    traces: Option<Value>,
+    settings: Option<Value>,
+    annotations: Option<Value>,
+    context: Option<Value>,
+    legacy: bool,
+}
+
+fn top(heap: &Heap, root: Value) -> Result<Top, ModelError> {
+    let key = |name: &str| heap.strings.find(name);
+    match root {
+        Value::Node(id) if heap.kind(id) == Kind::List => Ok(Top {
+            segments: Some(root),
+            traces: None,
+            settings: None,
+            annotations: None,
+            context: None,
+            legacy: true,
+        }),
+        Value::Node(id) if heap.kind(id) == Kind::Dict => {
+            let get = |name: &str| key(name).and_then(|k| heap.get(id, k));
+            let Some(segments) = get("segments") else {
+                let keys: Vec<String> = heap
+                    .pairs(id)
+                    .take(8)
+                    .map(|(k, _)| match k {
+                        Value::Str(s) => format!("{:?}", heap.strings.get(s).chars().take(40).collect::<String>()),
+                        other => other.type_name().to_string(),
+                    })
+                    .collect();
+                let found = format!("a dict with keys [{}]", keys.join(", "));
+                return Err(ModelError::new("(top level)", "a CUDA memory snapshot (a dict with 'segments')", found));
+            };
+            Ok(Top {
+                segments: Some(segments),
+                traces: get("device_traces"),
+                settings: get("allocator_settings"),
+                annotations: get("external_annotations"),
+                context: get("fragscope_context"),
+                legacy: false,
+            })
+        }
+        other => Err(ModelError::new(
+            "(top level)",
+            "a CUDA memory snapshot (a dict with 'segments', or a list of segments)",
+            found(heap, other),
+        )),
+    }
 }
 
 pub(super) fn too_many_devices(path: String, devices: usize) -> ModelError {

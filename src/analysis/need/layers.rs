@@ -52,21 +52,7 @@ pub fn find(
     freed: &[u32],
     rules: &Rules,
 ) -> Option<Layers> {
-    let allocs: Vec<usize> =
-        range.filter(|&i| events[i].action == Action::ALLOC && events[i].stack != EMPTY_STACK).collect();
-    let mut under: HashMap<FrameId, Vec<usize>> = HashMap::new();
-    let mut frames_of: HashMap<StackId, Vec<FrameId>> = HashMap::new();
-    for (pos, &i) in allocs.iter().enumerate() {
-        let frames = frames_of.entry(events[i].stack).or_insert_with(|| {
-            let mut f: Vec<FrameId> = snapshot.stacks.frame_ids(events[i].stack).to_vec();
-            f.retain(|&id| !torch_frame(snapshot, id));
-            f.dedup();
-            f
-        });
-        for &f in frames.iter() {
-            under.entry(f).or_default().push(pos);
-        }
-    }
+    let (allocs, under) = allocs_under_frames(snapshot, events, range);
     let stack = |pos: usize| events[allocs[pos]].stack;
     // The frame whose calls cover the most allocations in whole periods, with the fewest
     // besides (an outer frame covers the embedding and the head too), and of those the
@@ -114,12 +100,7 @@ pub fn find(
         name: snapshot.stacks.str(f.name).to_string(),
     };
     // The callee: the nearest frame inside the loop's that is not torch's own.
-    let ids = snapshot.stacks.frame_ids(events[allocs[positions[0]]].stack);
-    let module_file = ids
-        .iter()
-        .position(|&id| id == frame)
-        .and_then(|k| ids[..k].iter().rev().find(|&&id| !torch_frame(snapshot, id)))
-        .map(|&id| snapshot.stacks.str(snapshot.stacks.frame(id).filename).to_string());
+    let module_file = callee_file(snapshot, snapshot.stacks.frame_ids(events[allocs[positions[0]]].stack), frame);
     Some(Layers {
         call_site,
         module_file,
@@ -128,6 +109,40 @@ pub fn find(
         saved_bytes_per_call: median(saved),
         input_bytes: median(inputs),
     })
+}
+
+/// The allocations of `range` with a stack, and under each frame not torch's own the
+/// positions (in that list) of the allocations it is on the stack of.
+fn allocs_under_frames(
+    snapshot: &Snapshot,
+    events: &[Event],
+    range: std::ops::Range<usize>,
+) -> (Vec<usize>, HashMap<FrameId, Vec<usize>>) {
+    let allocs: Vec<usize> =
+        range.filter(|&i| events[i].action == Action::ALLOC && events[i].stack != EMPTY_STACK).collect();
+    let mut under: HashMap<FrameId, Vec<usize>> = HashMap::new();
+    let mut frames_of: HashMap<StackId, Vec<FrameId>> = HashMap::new();
+    for (pos, &i) in allocs.iter().enumerate() {
+        let frames = frames_of.entry(events[i].stack).or_insert_with(|| {
+            let mut f: Vec<FrameId> = snapshot.stacks.frame_ids(events[i].stack).to_vec();
+            f.retain(|&id| !torch_frame(snapshot, id));
+            f.dedup();
+            f
+        });
+        for &f in frames.iter() {
+            under.entry(f).or_default().push(pos);
+        }
+    }
+    (allocs, under)
+}
+
+/// The callee of the loop at `frame`: the file of the nearest frame inside it on `ids` that
+/// is not torch's own.
+fn callee_file(snapshot: &Snapshot, ids: &[FrameId], frame: FrameId) -> Option<String> {
+    ids.iter()
+        .position(|&id| id == frame)
+        .and_then(|k| ids[..k].iter().rev().find(|&&id| !torch_frame(snapshot, id)))
+        .map(|&id| snapshot.stacks.str(snapshot.stacks.frame(id).filename).to_string())
 }
 
 /// Where the allocations at `positions` repeat: the first position of the first call, the
