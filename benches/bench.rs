@@ -89,12 +89,14 @@ fn against_pickle(snapshot: &Path) {
     let wall_target = WALL_TARGET_S * size_mib / BIG_TRACE_MIB;
     let times = python.wall_s / ours.wall_s;
     let rss_share = ours.rss_mib / size_mib;
-    println!("\n| #17 target | measured | |");
+    println!("\n| target | measured | |");
     println!("|---|---|---|");
+    // #17 set an absolute time on one machine; #33 judges the ratio taken in the same run,
+    // which a slower or busier machine moves far less. The time is shown beside it.
     println!(
-        "| wall time at most {wall_target:.2} s | {:.2} s | {} |",
+        "| wall time ({wall_target:.2} s on the machine #17 was set on; not judged here) | {:.2} s | {} |",
         ours.wall_s,
-        verdict(ours.wall_s <= wall_target)
+        if ours.wall_s <= wall_target { "within it" } else { "over it" }
     );
     println!(
         "| at least {TIMES_PICKLE_TARGET:.0}x faster than pickle.load | {times:.1}x | {} |",

@@ -186,7 +186,7 @@ impl Walk<'_> {
                 gone = self.live.insert(e.addr, (s, size));
                 came = Some((s, size));
             }
-            Action::FREE_COMPLETED => gone = self.live.remove(&e.addr),
+            Action::FREE_COMPLETED => gone = self.live.remove(&{ e.addr }),
             _ => {}
         }
         let gone = gone.map(|(s, size)| (s, -(size as i64)));

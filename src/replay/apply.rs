@@ -25,18 +25,18 @@ pub fn apply(state: &mut State, e: &Event, index: u32, rules: &Rules, hints: &dy
                 None
             }
             Some(b) if state.block(b).state == BlockState::ActivePendingFree => None,
-            _ => Some(format!("free_requested of {:#x}, which is not allocated", e.addr)),
+            _ => Some(format!("free_requested of {:#x}, which is not allocated", { e.addr })),
         },
         Action::FREE_COMPLETED => match state.block_at(e.addr) {
             Some(b) if state.block(b).state.is_active() => {
                 state.release(b);
                 None
             }
-            _ => Some(format!("free_completed of {:#x}, which is not live", e.addr)),
+            _ => Some(format!("free_completed of {:#x}, which is not live", { e.addr })),
         },
         Action::SEGMENT_ALLOC => {
             if state.segment_containing(e.addr).is_some() {
-                return Some(format!("segment_alloc at {:#x}, inside an existing segment", e.addr));
+                return Some(format!("segment_alloc at {:#x}, inside an existing segment", { e.addr }));
             }
             let (pool, expandable) = hints.hint(e.addr, e.size).unwrap_or((guess_pool(e.size), false));
             state.add_segment(segment(e, index, pool, expandable));
@@ -46,20 +46,20 @@ pub fn apply(state: &mut State, e: &Event, index: u32, rules: &Rules, hints: &dy
             Some(s) if state.segment(s).address == e.addr => {
                 let live = state.segment(s).live;
                 state.remove_segment(s);
-                (live > 0).then(|| format!("segment_free of {:#x}, which held {live} live blocks", e.addr))
+                (live > 0).then(|| format!("segment_free of {:#x}, which held {live} live blocks", { e.addr }))
             }
-            _ => Some(format!("segment_free of {:#x}, which is no segment", e.addr)),
+            _ => Some(format!("segment_free of {:#x}, which is no segment", { e.addr })),
         },
         Action::SEGMENT_MAP => {
             if state.segment_containing(e.addr).is_some() {
-                return Some(format!("segment_map at {:#x}, which is already mapped", e.addr));
+                return Some(format!("segment_map at {:#x}, which is already mapped", { e.addr }));
             }
             let pool = hints.hint(e.addr, e.size).map(|h| h.0).unwrap_or(Pool { kind: PoolKind::Large, id: (0, 0) });
             state.map(e.addr, e.size, segment(e, index, pool, true));
             None
         }
         Action::SEGMENT_UNMAP => (!state.unmap(e.addr, e.size))
-            .then(|| format!("segment_unmap of {:#x}: live blocks or nothing mapped there", e.addr)),
+            .then(|| format!("segment_unmap of {:#x}: live blocks or nothing mapped there", { e.addr })),
         // oom, snapshot and actions this version does not know change nothing.
         _ => None,
     }
@@ -86,11 +86,11 @@ pub fn guess_pool(size: u64) -> Pool {
 
 fn alloc(state: &mut State, e: &Event, index: u32, rules: &Rules) -> Option<String> {
     let Some(b) = state.cut_at(e.addr) else {
-        return Some(format!("alloc at {:#x}, outside every segment", e.addr));
+        return Some(format!("alloc at {:#x}, outside every segment", { e.addr }));
     };
     let blk = state.block(b);
     if blk.state != BlockState::Inactive {
-        return Some(format!("alloc at {:#x}, which is already live", e.addr));
+        return Some(format!("alloc at {:#x}, which is already live", { e.addr }));
     }
     let rounded = rules.round_size(e.size);
     let seg = state.segment(blk.segment);
@@ -99,7 +99,7 @@ fn alloc(state: &mut State, e: &Event, index: u32, rules: &Rules) -> Option<Stri
         state.split(b, rounded);
     }
     let warning = (state.block(b).size < rounded).then(|| {
-        format!("alloc of {} bytes at {:#x}, in a free block of only {}", e.size, e.addr, state.block(b).size)
+        format!("alloc of {} bytes at {:#x}, in a free block of only {}", { e.size }, { e.addr }, state.block(b).size)
     });
     state.make_live(b, e.size, e.stack, index, BlockState::ActiveAllocated);
     warning

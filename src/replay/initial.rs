@@ -61,7 +61,7 @@ pub fn derive(device: &Device, events: &[Event], rules: &Rules, hints: &dyn Segm
     for (i, e) in events.iter().enumerate().rev() {
         match e.action {
             Action::SEGMENT_ALLOC => {
-                segs.remove(&e.addr);
+                segs.remove(&{ e.addr });
             }
             Action::SEGMENT_FREE => {
                 let (pool, _) = hints.hint(e.addr, e.size).unwrap_or((guess_pool(e.size), false));
@@ -83,7 +83,7 @@ pub fn derive(device: &Device, events: &[Event], rules: &Rules, hints: &dyn Segm
                 interval_add(&mut mapped, e.addr, e.addr + e.size, rec);
             }
             Action::ALLOC => {
-                if let Some(found) = live.get_mut(&e.addr) {
+                if let Some(found) = live.get_mut(&{ e.addr }) {
                     *found = GONE;
                 }
             }

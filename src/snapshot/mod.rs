@@ -79,7 +79,7 @@ impl Snapshot {
         self.times.get(index)
     }
 
-    /// Bytes the events and their times hold in memory (about 28 an event).
+    /// Bytes the events and their times hold in memory (about 25 an event).
     pub fn event_bytes(&self) -> u64 {
         (self.events.len() * std::mem::size_of::<Event>()) as u64 + self.times.bytes()
     }

@@ -219,7 +219,7 @@ pub fn frees(events: &[Event]) -> Vec<u32> {
                 open.insert(e.addr, i as u32);
             }
             Action::FREE_REQUESTED | Action::FREE_COMPLETED => {
-                if let Some(a) = open.get_mut(&e.addr)
+                if let Some(a) = open.get_mut(&{ e.addr })
                     && *a != NEVER
                 {
                     out[*a as usize] = i as u32;
@@ -341,8 +341,8 @@ impl ByPhase<'_> {
             Phase::Optimizer => Category::Unknown,
             Phase::Backward if freed_by(run_end) => Category::Temporary,
             Phase::Backward => {
-                let kept_as_before = free.is_none() && self.grad_stacks.contains(&e.stack);
-                if self.trainable.contains(&e.size) || freed_in_optimizer || kept_as_before {
+                let kept_as_before = free.is_none() && self.grad_stacks.contains(&{ e.stack });
+                if self.trainable.contains(&{ e.size }) || freed_in_optimizer || kept_as_before {
                     Category::Gradient
                 } else if free.is_none() && run + 1 == phases.runs.len() {
                     Category::Activation
@@ -354,10 +354,11 @@ impl ByPhase<'_> {
             Phase::Other => {
                 let user = phases.tag_of(e.stack) == super::phases::Tag::User;
                 let library_param = || {
-                    loads(snapshot, e.stack) || (made_by_library(snapshot, e.stack) && self.trainable.contains(&e.size))
+                    loads(snapshot, e.stack)
+                        || (made_by_library(snapshot, e.stack) && self.trainable.contains(&{ e.size }))
                 };
                 match phases.next_run(run, Phase::Forward).map(|r| phases.runs[r].1) {
-                    _ if self.grad_stacks.contains(&e.stack) && (free.is_none() || freed_in_optimizer) => {
+                    _ if self.grad_stacks.contains(&{ e.stack }) && (free.is_none() || freed_in_optimizer) => {
                         Category::Gradient
                     }
                     _ if freed_by(run_end) => Category::Temporary,
