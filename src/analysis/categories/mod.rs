@@ -257,17 +257,19 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
         return labels;
     }
     let mut param_sizes: HashSet<u64> = before.iter().filter(|b| params.made(b.stack)).map(|b| b.requested).collect();
+    // Parameters first, then the KV cache among what is not one: one pass, since each event's
+    // label depends on its own stack alone.
     for (i, e) in events.iter().enumerate() {
-        if e.action == Action::ALLOC && params.made(e.stack) {
+        if e.action != Action::ALLOC {
+            continue;
+        }
+        if params.made(e.stack) {
             labels.by_event[i] = Category::Parameter;
             param_sizes.insert(e.size);
             if unsharded_copy(snapshot, e.stack) {
                 labels.unsharded.insert(e.stack);
             }
-        }
-    }
-    for (i, e) in events.iter().enumerate() {
-        if e.action == Action::ALLOC && labels.by_event[i] == Category::Unknown && labels.kv.contains(e.stack) {
+        } else if labels.kv.contains(e.stack) {
             labels.by_event[i] = Category::KvCache;
         }
     }
