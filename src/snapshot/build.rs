@@ -27,7 +27,7 @@ pub fn build_within(parsed: Parsed, mut sink: SnapshotSink, budget: Option<Budge
     let charge = budget.map(|b| (b, read, Charged::default()));
     let mut w = Walker { heap: &heap, sink: &mut sink, seen: Default::default(), segments: 0, charge };
     let mut by_device: BTreeMap<i64, Vec<Segment>> = BTreeMap::new();
-    for (i, seg) in w.list(segments.unwrap_or(Value::None), "segments")?.into_iter().enumerate() {
+    for (i, seg) in w.list(segments, "segments")?.into_iter().enumerate() {
         let (device, segment) = w.segment(seg, i)?;
         by_device.entry(device).or_default().push(segment);
         if by_device.len() > MAX_DEVICES {
@@ -76,7 +76,7 @@ pub fn build_within(parsed: Parsed, mut sink: SnapshotSink, budget: Option<Budge
 /// What the top level holds: a dict's parts by key, or (from torch before 1.13) the list of
 /// segments alone.
 struct Top {
-    segments: Option<Value>,
+    segments: Value,
     traces: Option<Value>,
     settings: Option<Value>,
     annotations: Option<Value>,
@@ -87,14 +87,9 @@ struct Top {
 fn top(heap: &Heap, root: Value) -> Result<Top, ModelError> {
     let key = |name: &str| heap.strings.find(name);
     match root {
-        Value::Node(id) if heap.kind(id) == Kind::List => Ok(Top {
-            segments: Some(root),
-            traces: None,
-            settings: None,
-            annotations: None,
-            context: None,
-            legacy: true,
-        }),
+        Value::Node(id) if heap.kind(id) == Kind::List => {
+            Ok(Top { segments: root, traces: None, settings: None, annotations: None, context: None, legacy: true })
+        }
         Value::Node(id) if heap.kind(id) == Kind::Dict => {
             let get = |name: &str| key(name).and_then(|k| heap.get(id, k));
             let Some(segments) = get("segments") else {
@@ -110,7 +105,7 @@ fn top(heap: &Heap, root: Value) -> Result<Top, ModelError> {
                 return Err(ModelError::new("(top level)", "a CUDA memory snapshot (a dict with 'segments')", found));
             };
             Ok(Top {
-                segments: Some(segments),
+                segments,
                 traces: get("device_traces"),
                 settings: get("allocator_settings"),
                 annotations: get("external_annotations"),

@@ -22,15 +22,13 @@ const FAR16: u16 = u16::MAX - 1;
 const FAR: u32 = u32::MAX - 1;
 /// A block's base sits this far below its first time, so times a little earlier fit too.
 const HALF: i64 = 1 << 14;
-/// A block with no time yet.
-const NO_BASE: i64 = i64::MIN;
-
 #[derive(Debug, Clone, Copy)]
 struct Block {
-    /// Set by the block's first event with a time.
+    /// Set by the block's first event with a time (`based`); any value may be a base.
     base: i64,
     /// Where the block's offsets start in `narrow`, or in `wide` when `wide` is set.
     start: u32,
+    based: bool,
     wide: bool,
 }
 
@@ -57,6 +55,7 @@ impl Times {
         // The common case first: a time near the base of a narrow block already started.
         if let (Some(t), Some(b)) = (time, self.blocks.last())
             && self.len & BLOCK_MASK != 0
+            && b.based
             && !b.wide
             && let Some(d) = t.checked_sub(b.base)
             && (0..FAR16 as i64).contains(&d)
@@ -72,14 +71,14 @@ impl Times {
         let i = self.len;
         self.len += 1;
         if i & BLOCK_MASK == 0 {
-            self.blocks.push(Block { base: NO_BASE, start: self.narrow.len() as u32, wide: false });
+            self.blocks.push(Block { base: 0, start: self.narrow.len() as u32, based: false, wide: false });
         }
         let Some(t) = time else {
             return self.push_offset(None);
         };
         let block = self.blocks.last_mut().expect("a block was started");
-        if block.base == NO_BASE {
-            block.base = t.saturating_sub(HALF);
+        if !block.based {
+            (block.base, block.based) = (t.saturating_sub(HALF), true);
         }
         match t.checked_sub(block.base).filter(|d| (0..FAR as i64).contains(d)) {
             Some(d) => self.push_offset(Some(d as u32)),
@@ -168,7 +167,8 @@ impl Times {
 
     /// Bytes it holds in memory: 2 or 4 an event, and the blocks and far times besides.
     pub fn bytes(&self) -> u64 {
-        (self.narrow.len() * 2 + self.wide.len() * 4 + (self.blocks.len() + self.far.len()) * 16) as u64
+        let (block, far) = (std::mem::size_of::<Block>(), std::mem::size_of::<(u32, i64)>());
+        (self.narrow.len() * 2 + self.wide.len() * 4 + self.blocks.len() * block + self.far.len() * far) as u64
     }
 
     /// True when there are no events.
@@ -210,6 +210,10 @@ mod tests {
         times[1535] = Some(t0 + 70_000_000);
         times[2048] = None;
         times[2049] = Some(t0 - 40_000);
+        // A block whose first time is the least there is, then an ordinary one: the base set
+        // by the first stays the base.
+        times[2304] = Some(i64::MIN);
+        times[2305] = Some(t0);
         let mut column = Times::default();
         for &t in &times {
             column.push(t);
