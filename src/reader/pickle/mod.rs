@@ -15,6 +15,7 @@ mod dispatch;
 mod entry;
 mod opcodes;
 mod operands;
+mod shapes;
 mod split;
 mod walk;
 

@@ -11,6 +11,7 @@ use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::opcodes as op;
+use super::shapes::{Shapes, Table};
 use crate::reader::input::Input;
 
 /// Where the later part can start: right after the APPENDS that closes a batch of the list,
@@ -80,6 +81,18 @@ const fn fast_table() -> [u8; 256] {
     t
 }
 
+/// The fast table as a shape reads it.
+fn table(code: u8) -> Table {
+    match FAST[code as usize] {
+        0 => Table::Other,
+        SHORT => Table::Short,
+        COUNT => Table::Count,
+        OPEN => Table::Open,
+        CLOSE => Table::Close,
+        n => Table::Fixed(n as usize),
+    }
+}
+
 struct Walk {
     memo: usize,
     /// MARKs open above the list.
@@ -118,6 +131,7 @@ pub(super) fn walk<R: Read>(
     cancel: &AtomicBool,
 ) -> Option<Start> {
     let mut w = Walk { memo, depth: 0, copied, target, candidate: None, passed: 0 };
+    let mut shapes = Shapes::default();
     loop {
         if cancel.load(Ordering::Relaxed) || !input.ensure(VIEW).ok()? {
             return None;
@@ -125,11 +139,25 @@ pub(super) fn walk<R: Read>(
         let buf = input.window();
         let mut p = 0;
         let mut skip = 0u64;
+        // Where the item not matched by a shape started, in this window.
+        let mut learning = None;
         while p + VIEW <= buf.len() {
             // Most opcodes only need stepping over: by a table, with the batch open and no
             // start waiting for its check.
             let code = buf[p];
             if w.depth != 0 && w.candidate.is_none() {
+                // Most items, by the shape of one before (`shapes.rs`).
+                if w.depth == 1 && code == op::EMPTY_DICT {
+                    if let Some(from) = learning.take() {
+                        shapes.learn(&buf[from..p], table);
+                    }
+                    if let Some((n, memo)) = shapes.find(&buf[p..], VIEW) {
+                        p += n;
+                        w.memo += memo;
+                        continue;
+                    }
+                    learning = Some(p);
+                }
                 match FAST[code as usize] {
                     0 => {}
                     SHORT => {
@@ -347,5 +375,138 @@ mod tests {
         let at = ends[1] as usize + 1;
         bytes[at] = op::INT;
         assert_eq!(walk_from(&bytes, ends[0], 5, 5, ends[2]), None);
+    }
+
+    /// The walk as one step per opcode, with no table and no shapes: what the fast loop
+    /// must agree with.
+    fn reference(bytes: &[u8], from: u64, memo: usize, copied: usize, target: u64) -> Option<Start> {
+        let mut w = Walk { memo, depth: 0, copied, target, candidate: None, passed: 0 };
+        let mut p = from as usize;
+        loop {
+            let v: &[u8; VIEW] = bytes.get(p..p + VIEW)?.try_into().ok()?;
+            match w.step(v, p as u64) {
+                Step::Next(n) => p += n as usize,
+                Step::Found(start) => return Some(start),
+                Step::Stop => return None,
+            }
+        }
+    }
+
+    /// Hands out at most `most` bytes a read, so the walk's windows end anywhere.
+    struct Trickle<'a> {
+        bytes: &'a [u8],
+        most: usize,
+    }
+
+    impl Read for Trickle<'_> {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            let n = out.len().min(self.most).min(self.bytes.len());
+            out[..n].copy_from_slice(&self.bytes[..n]);
+            self.bytes = &self.bytes[n..];
+            Ok(n)
+        }
+    }
+
+    /// A list of trace-like entries of many layouts: ints of each width, floats, strings new
+    /// and referenced (short and past a shape's length), nested frames, BINPUT, a FRAME
+    /// between items, and now and then a reference back to an earlier batch's entry.
+    fn varied_list(seed: u64, batches: usize) -> (Vec<u8>, Vec<(u64, usize)>) {
+        let mut rng = seed;
+        let mut next = move |n: u64| {
+            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (rng >> 33) % n
+        };
+        let mut b = vec![0x80, 4, op::EMPTY_LIST, op::MEMOIZE];
+        let mut memo = 1usize;
+        let mut ends = Vec::new();
+        let string = |b: &mut Vec<u8>, len: usize| {
+            if len < 256 {
+                b.extend_from_slice(&[op::SHORT_BINUNICODE, len as u8]);
+            } else {
+                b.push(op::BINUNICODE);
+                b.extend_from_slice(&(len as u32).to_le_bytes());
+            }
+            b.resize(b.len() + len, b'x');
+        };
+        for _ in 0..batches {
+            b.push(op::MARK);
+            for _ in 0..1 + next(12) {
+                if next(40) == 0 {
+                    b.push(op::FRAME);
+                    b.extend_from_slice(&(1u64 << 16).to_le_bytes());
+                }
+                b.extend_from_slice(&[op::EMPTY_DICT, op::MEMOIZE, op::MARK]);
+                memo += 1;
+                for _ in 0..1 + next(4) {
+                    // The key: a new string or one read back.
+                    if memo < 3 || next(4) == 0 {
+                        string(&mut b, 1 + next(6) as usize);
+                        b.push(op::MEMOIZE);
+                        memo += 1;
+                    } else {
+                        b.extend_from_slice(&[op::BINGET, next(memo.min(256) as u64) as u8]);
+                    }
+                    match next(10) {
+                        0 => b.extend_from_slice(&[op::BININT1, next(256) as u8]),
+                        1 => b.extend_from_slice(&[op::BININT2, 1, 2]),
+                        2 => b.extend_from_slice(&[op::BININT, 1, 2, 3, 4]),
+                        3 => b.extend_from_slice(&[op::BINFLOAT, 0, 0, 0, 0, 0, 0, 0, 1]),
+                        4 => {
+                            string(&mut b, next(3) as usize * 150);
+                            b.push(op::MEMOIZE);
+                            memo += 1;
+                        }
+                        5 => {
+                            b.extend_from_slice(&[op::EMPTY_LIST, op::MEMOIZE, op::MARK, op::NONE, op::NEWTRUE]);
+                            b.push(op::APPENDS);
+                            memo += 1;
+                        }
+                        6 => {
+                            b.extend_from_slice(&[op::NONE, op::BINPUT, memo as u8]);
+                            if memo < 256 {
+                                memo += 1;
+                            }
+                        }
+                        7 if memo > 300 => {
+                            // Refers back some way: a dict of this batch or one before.
+                            b.push(op::LONG_BINGET);
+                            b.extend_from_slice(&((memo - 1 - next(60) as usize) as u32).to_le_bytes());
+                        }
+                        _ => b.push(op::NONE),
+                    }
+                }
+                b.push(op::SETITEMS);
+            }
+            b.push(op::APPENDS);
+            ends.push((b.len() as u64, memo));
+        }
+        b.push(op::STOP);
+        b.extend_from_slice(&[0; VIEW]);
+        (b, ends)
+    }
+
+    #[test]
+    fn stepping_by_shapes_finds_what_stepping_by_opcodes_finds() {
+        for seed in 0..12 {
+            let (bytes, ends) = varied_list(seed, 3000);
+            assert!(bytes.len() > 512 << 10, "the list spans several windows");
+            let (from, memo) = ends[0];
+            let mut found = 0;
+            for i in (1..ends.len()).step_by(293) {
+                for target in [ends[i].0 - 1, ends[i].0, ends[i].0 + 1] {
+                    for copied in [memo, memo + 40] {
+                        let want = reference(&bytes, from, memo, copied, target);
+                        let got = walk_from(&bytes, from, memo, copied, target);
+                        assert_eq!(got, want, "seed {seed}, target {target}, copied {copied}");
+                        let mut input = Input::new(Trickle { bytes: &bytes, most: 7 + seed as usize * 13 }, u64::MAX);
+                        input.skip_bytes(from).unwrap();
+                        let trickled = walk(&mut input, memo, copied, target, &AtomicBool::new(false));
+                        assert_eq!(trickled, want, "seed {seed}, target {target}, in short reads");
+                        found += usize::from(want.is_some());
+                    }
+                }
+            }
+            assert!(found > 20, "most targets have a start: {found}");
+        }
     }
 }
