@@ -30,10 +30,20 @@ fn measure(cmd: &mut Command) -> Measure {
     Measure { wall_s, rss_mib: usage.ru_maxrss as f64 / 1024.0 }
 }
 
-fn median(cmd: impl Fn() -> Command) -> Measure {
-    let mut runs: Vec<Measure> = (0..RUNS).map(|_| measure(&mut cmd())).collect();
+fn median_run(mut runs: Vec<Measure>) -> Measure {
     runs.sort_by(|a, b| a.wall_s.total_cmp(&b.wall_s));
-    runs.swap_remove(RUNS / 2)
+    runs.swap_remove(runs.len() / 2)
+}
+
+/// The two commands' medians, their runs alternated, so that a machine that slows down or
+/// speeds up during the bench moves both alike and the ratio stays the same run's.
+fn medians(a: impl Fn() -> Command, b: impl Fn() -> Command) -> (Measure, Measure) {
+    let (mut ra, mut rb) = (Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        ra.push(measure(&mut a()));
+        rb.push(measure(&mut b()));
+    }
+    (median_run(ra), median_run(rb))
 }
 
 #[path = "common.rs"]
@@ -71,17 +81,19 @@ fn main() {
 /// run, with #17's targets beside the figures.
 fn against_pickle(snapshot: &Path) {
     let size_mib = std::fs::metadata(snapshot).unwrap().len() as f64 / (1 << 20) as f64;
-    println!("\nsnapshot: {} ({size_mib:.0} MiB), median of {RUNS} runs\n", snapshot.display());
-    let ours = median(|| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_fragscope"));
-        c.args(["analyze", "--json"]).arg(snapshot);
-        c
-    });
-    let python = median(|| {
-        let mut c = Command::new("python3");
-        c.args(["-c", "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))"]).arg(snapshot);
-        c
-    });
+    println!("\nsnapshot: {} ({size_mib:.0} MiB), median of {RUNS} runs each, alternated\n", snapshot.display());
+    let (ours, python) = medians(
+        || {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_fragscope"));
+            c.args(["analyze", "--json"]).arg(snapshot);
+            c
+        },
+        || {
+            let mut c = Command::new("python3");
+            c.args(["-c", "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))"]).arg(snapshot);
+            c
+        },
+    );
     println!("| command | wall time | peak RSS |");
     println!("|---|---|---|");
     println!("| `fragscope analyze --json` | {:.2} s | {:.0} MiB |", ours.wall_s, ours.rss_mib);

@@ -225,7 +225,9 @@ pub fn phases(snapshot: &Snapshot, device: i64, events: &[Event], first: usize) 
     for (i, e) in events.iter().enumerate() {
         let mut t = tag_cached(snapshot, &mut tags, e.stack);
         let mut in_closure = false;
-        if let Some(time) = snapshot.time(first + i)
+        // Most traces have no optimizer range: then no event's time is looked up.
+        if !ranges.is_empty()
+            && let Some(time) = snapshot.time(first + i)
             && let Some(r) = cursor.at(&ranges, time)
         {
             in_closure = time <= ranges[r].closure_until;
@@ -348,8 +350,16 @@ fn forward_steps(out: &mut Phases, starts: &[usize]) {
 /// Steps from `user_metadata` tags that change (`step=3`, `{"step": 3}`): each distinct tag
 /// value starts a step; events before the first tag are in no step.
 fn metadata_steps(snapshot: &Snapshot, events: &[Event], first: usize, out: &mut Phases) {
-    let tagged: Vec<(usize, &str)> = (0..events.len())
-        .filter_map(|i| snapshot.extra(first + i).1.filter(|m| m.contains("step")).map(|m| (i, m)))
+    // From the few events that carry strings (sorted by event), not a lookup per event.
+    let x = &snapshot.extras;
+    let (lo, hi) = (
+        x.partition_point(|x| (x.event as usize) < first),
+        x.partition_point(|x| (x.event as usize) < first + events.len()),
+    );
+    let tagged: Vec<(usize, &str)> = x[lo..hi]
+        .iter()
+        .filter_map(|x| Some((x.event as usize - first, snapshot.stacks.str(x.user_metadata?))))
+        .filter(|(_, m)| m.contains("step"))
         .collect();
     if tagged.len() < 2 {
         return;
