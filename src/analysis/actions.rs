@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::snapshot::{Device, Snapshot};
+use crate::snapshot::{Device, Event, Snapshot};
 
 /// How many events of each kind the trace holds, and the time it spans.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -24,11 +24,21 @@ pub struct TraceSummary {
 
 /// Counts one device's events; `complete` comes from the replay.
 pub fn trace_summary(snapshot: &Snapshot, device: &Device, complete: bool) -> TraceSummary {
-    let events = snapshot.device_events(device);
-    let mut counts = [0u64; 256];
+    summary(snapshot, device, &count_actions(snapshot.device_events(device)), complete)
+}
+
+/// Events per action code (256 counts): the analysis counts them on its side thread
+/// (`pass.rs`), beside the replay, rather than in a pass of its own after it.
+pub(super) fn count_actions(events: &[Event]) -> Vec<u64> {
+    let mut counts = vec![0u64; 256];
     for e in events {
         counts[e.action.0 as usize] += 1;
     }
+    counts
+}
+
+/// The summary from the counts [`count_actions`] made of the device's events.
+pub(super) fn summary(snapshot: &Snapshot, device: &Device, counts: &[u64], complete: bool) -> TraceSummary {
     let actions = counts
         .iter()
         .enumerate()
@@ -36,7 +46,7 @@ pub fn trace_summary(snapshot: &Snapshot, device: &Device, complete: bool) -> Tr
         .map(|(code, n)| (snapshot.action_name(crate::snapshot::Action(code as u8)).to_string(), *n))
         .collect();
     TraceSummary {
-        events: events.len() as u64,
+        events: device.events.len() as u64,
         actions,
         first_time_us: device.events.clone().find_map(|i| snapshot.time(i)),
         last_time_us: device.events.clone().rev().find_map(|i| snapshot.time(i)),

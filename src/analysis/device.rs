@@ -13,8 +13,8 @@ use super::pass::{Replayed, replay_device};
 use super::rhythm::Rhythm;
 use super::timeline::{Peak, Timeline};
 use super::{
-    Depth, DeviceAnalysis, Moment, Options, ReplayReport, advice, breakdown, capacity, categories, counters, gaps,
-    judge, memory, need, predict, rhythm, trace_summary,
+    Depth, DeviceAnalysis, Moment, Options, ReplayReport, actions, advice, breakdown, capacity, categories, counters,
+    gaps, judge, memory, need, predict, rhythm,
 };
 use crate::replay::{self, Replay, State};
 use crate::snapshot::sites::{self, call_site};
@@ -40,7 +40,7 @@ pub(super) fn analyze_device(
     depth: Depth,
     options: Options,
 ) -> (DeviceAnalysis, Replay, Timeline, memory::Index) {
-    let Replayed { replay, timeline, mut ooms, steps, capture, phases, labels, freed } =
+    let Replayed { replay, timeline, mut ooms, steps, capture, phases, labels, freed, actions } =
         replay_device(snapshot, d, depth);
     let oom_state = ooms.first_state.take();
     let c = Ctx {
@@ -68,7 +68,7 @@ pub(super) fn analyze_device(
     let analysis = DeviceAnalysis {
         device: d.device,
         final_state,
-        trace: trace_summary(snapshot, d, replay.complete),
+        trace: actions::summary(snapshot, d, &actions, replay.complete),
         peak,
         ooms: ooms.ooms,
         oom_count: ooms.count,

@@ -21,6 +21,8 @@ pub(super) struct Replayed<'a> {
     pub phases: phases::Phases,
     pub labels: categories::Labels,
     pub freed: Vec<u32>,
+    /// Events per action code (`actions::count_actions`).
+    pub actions: Vec<u64>,
 }
 
 /// The observers of one forward pass.
@@ -112,24 +114,26 @@ pub(super) fn replay_device<'a>(snapshot: &'a Snapshot, d: &Device, depth: Depth
     // Set in the scope, by one thread or the other.
     let phases = phases.into_inner().unwrap_or_default();
     let initial_blocks = || Some(memory::live_blocks(&replay.state_at(snapshot, None)).cloned().collect());
-    let EventsWork { labels, freed, times } = match side {
+    let EventsWork { labels, freed, times, actions } = match side {
         Some(done) => done,
         None => EventsWork::new(snapshot, d, &phases, serve, initial_blocks).unwrap_or_default(),
     };
     if let Some(times) = times {
         timeline.time_us = times;
     }
-    Replayed { replay, timeline, ooms, steps, capture, phases, labels, freed }
+    let actions = if actions.is_empty() { super::actions::count_actions(snapshot.device_events(d)) } else { actions };
+    Replayed { replay, timeline, ooms, steps, capture, phases, labels, freed, actions }
 }
 
 /// What a device's analysis needs besides the replay: every allocation's category, the event
-/// that frees each, and (serving) the series' time column. From the events alone, but for the
+/// that frees each, the events per action, and (serving) the series' time column. From the events alone, but for the
 /// blocks alive before the trace, which `before` waits for (None: they never came).
 #[derive(Default)]
 struct EventsWork {
     labels: categories::Labels,
     freed: Vec<u32>,
     times: Option<Vec<i64>>,
+    actions: Vec<u64>,
 }
 
 impl EventsWork {
@@ -144,6 +148,7 @@ impl EventsWork {
         let times = serve.then(|| timeline::times(snapshot, d.events.clone()));
         let freed = categories::frees(events);
         let labels = categories::label(snapshot, events, phases, &before()?, &freed);
-        Some(EventsWork { labels, freed, times })
+        let actions = super::actions::count_actions(events);
+        Some(EventsWork { labels, freed, times, actions })
     }
 }

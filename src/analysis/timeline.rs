@@ -125,7 +125,7 @@ impl Unwritten {
 
 /// The times of `events` (`NO_TIME` where none), from their column: the series' time column.
 pub fn times(snapshot: &crate::snapshot::Snapshot, events: std::ops::Range<usize>) -> Vec<i64> {
-    events.map(|i| snapshot.time(i).unwrap_or(crate::snapshot::NO_TIME)).collect()
+    snapshot.times.decode(events, crate::snapshot::NO_TIME)
 }
 
 /// Events per block of [`Blocks`].
