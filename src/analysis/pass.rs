@@ -126,8 +126,9 @@ pub(super) fn replay_device<'a>(snapshot: &'a Snapshot, d: &Device, depth: Depth
 }
 
 /// What a device's analysis needs besides the replay: every allocation's category, the event
-/// that frees each, the events per action, and (serving) the series' time column. From the events alone, but for the
-/// blocks alive before the trace, which `before` waits for (None: they never came).
+/// that frees each, the events per action, and (serving) the series' time column. From the
+/// events alone, but for the blocks alive before the trace, which `before` waits for (None:
+/// they never came).
 #[derive(Default)]
 struct EventsWork {
     labels: categories::Labels,

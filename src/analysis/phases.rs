@@ -351,12 +351,12 @@ fn forward_steps(out: &mut Phases, starts: &[usize]) {
 /// value starts a step; events before the first tag are in no step.
 fn metadata_steps(snapshot: &Snapshot, events: &[Event], first: usize, out: &mut Phases) {
     // From the few events that carry strings (sorted by event), not a lookup per event.
-    let x = &snapshot.extras;
+    let extras = &snapshot.extras;
     let (lo, hi) = (
-        x.partition_point(|x| (x.event as usize) < first),
-        x.partition_point(|x| (x.event as usize) < first + events.len()),
+        extras.partition_point(|x| (x.event as usize) < first),
+        extras.partition_point(|x| (x.event as usize) < first + events.len()),
     );
-    let tagged: Vec<(usize, &str)> = x[lo..hi]
+    let tagged: Vec<(usize, &str)> = extras[lo..hi]
         .iter()
         .filter_map(|x| Some((x.event as usize - first, snapshot.stacks.str(x.user_metadata?))))
         .filter(|(_, m)| m.contains("step"))

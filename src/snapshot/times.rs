@@ -138,11 +138,7 @@ impl Times {
         if b.wide {
             return self.wide[at];
         }
-        match self.narrow[at] {
-            NONE16 => NONE,
-            FAR16 => FAR,
-            d => d as u32,
-        }
+        widen(self.narrow[at])
     }
 
     /// The time of event `index`, None when it had none (or is past the end).
@@ -184,18 +180,15 @@ impl Times {
             let end = range.end.min((i | BLOCK_MASK) + 1);
             let at = b.start as usize + (i & BLOCK_MASK);
             let n = end - i;
+            let time = |k: usize, d: u32| match d {
+                NONE => none,
+                FAR => self.far_time(i + k).unwrap_or(none),
+                d => b.base + d as i64,
+            };
             if b.wide {
-                out.extend(self.wide[at..at + n].iter().enumerate().map(|(k, &d)| match d {
-                    NONE => none,
-                    FAR => self.far_time(i + k).unwrap_or(none),
-                    d => b.base.wrapping_add(d as i64),
-                }));
+                out.extend(self.wide[at..at + n].iter().enumerate().map(|(k, &d)| time(k, d)));
             } else {
-                out.extend(self.narrow[at..at + n].iter().enumerate().map(|(k, &d)| match d {
-                    NONE16 => none,
-                    FAR16 => self.far_time(i + k).unwrap_or(none),
-                    d => b.base.wrapping_add(d as i64),
-                }));
+                out.extend(self.narrow[at..at + n].iter().enumerate().map(|(k, &d)| time(k, widen(d))));
             }
             i = end;
         }
@@ -214,6 +207,15 @@ impl Times {
             out.push(self.get(i));
         }
         out
+    }
+}
+
+/// A narrow block's offset as a wide block's, its markers included.
+fn widen(d: u16) -> u32 {
+    match d {
+        NONE16 => NONE,
+        FAR16 => FAR,
+        d => d as u32,
     }
 }
 

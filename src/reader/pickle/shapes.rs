@@ -58,8 +58,8 @@ pub(super) struct Shapes {
 
 impl Shapes {
     /// The shape `item` (the window from an item's start on) begins with, if any: its length
-    /// and the memo entries it makes. `item` must hold at least `MAX_LEN` bytes past the
-    /// shape's end for the caller's own look-ahead; a shorter one matches nothing.
+    /// and the memo entries it makes. `item` must hold at least `slack` bytes (8 or more) past
+    /// the shape's end for the caller's own look-ahead; a shorter one matches nothing.
     #[inline]
     pub(super) fn find(&mut self, item: &[u8], slack: usize) -> Option<(usize, usize)> {
         let fits = |s: &Shape| s.len + slack <= item.len() && s.matches(item);
