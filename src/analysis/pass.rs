@@ -98,7 +98,8 @@ pub(super) fn replay_device<'a>(snapshot: &'a Snapshot, d: &Device, depth: Depth
             timeline: &mut timeline,
             series: serve,
             ooms: OomObserver { snapshot, first: d.events.start, ooms: Vec::new(), count: 0, first_state: None },
-            phases: if serve { None } else { Some(wait_phases()) },
+            // Without steps (no optimizer ranges, no step markers) there are no peaks to take.
+            phases: if serve { None } else { Some(wait_phases()).filter(|p| p.steps > 0) },
             steps: breakdown::StepPeaks::default(),
             capture: None,
             copies: depth == Depth::Report,

@@ -240,14 +240,21 @@ pub(super) fn found(heap: &Heap, v: Value) -> String {
     }
 }
 
-#[inline]
+/// Inlined into `fold_dict` (it was a call per event); the error is built out of line.
+#[inline(always)]
 fn uint(heap: &Heap, v: Value, path: impl Fn() -> String) -> Result<u64, ModelError> {
     match v {
         Value::Int(n) if n >= 0 => Ok(n as u64),
         Value::UInt(n) => Ok(n),
         Value::None => Ok(0),
-        other => Err(ModelError::new(path(), "a non-negative int", found(heap, other))),
+        other => Err(not_uint(heap, other, path())),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn not_uint(heap: &Heap, v: Value, path: String) -> ModelError {
+    ModelError::new(path, "a non-negative int", found(heap, v))
 }
 
 impl Sink for SnapshotSink {
