@@ -275,3 +275,85 @@ fn shapes_the_fast_path_leaves_alone_read_the_same() {
     }
     assert_eq!(both_paths(b"\x80\x04]\x94(}\x94(\x8c\x01x\x94K\x01ue."), "ok \"container\" calls [2] protocol Some(4)");
 }
+
+/// Keeps each dict with the key "x", as the values it was offered, and folds it to its number.
+struct Record {
+    dicts: Vec<String>,
+}
+
+impl Sink for Record {
+    type Error = String;
+    fn fold_dict(&mut self, heap: &Heap, items: &[Value]) -> Result<Option<u32>, String> {
+        let x = heap.strings.find("x");
+        if !items.chunks_exact(2).any(|kv| matches!(kv[0], Value::Str(s) if Some(s) == x)) {
+            return Ok(None);
+        }
+        self.dicts.push(format!("{items:?}"));
+        Ok(Some(self.dicts.len() as u32))
+    }
+}
+
+/// Hands out at most `n` bytes a read, so that the reader's buffer often ends inside a dict.
+struct Trickle<'a> {
+    bytes: &'a [u8],
+    n: usize,
+}
+
+impl std::io::Read for Trickle<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let k = self.n.min(buf.len()).min(self.bytes.len());
+        buf[..k].copy_from_slice(&self.bytes[..k]);
+        self.bytes = &self.bytes[k..];
+        Ok(k)
+    }
+}
+
+/// A list of `n` trace-like dicts in batches of 1000, its keys memoized once and got after.
+fn entries(n: usize) -> Vec<u8> {
+    let mut out = b"\x80\x04]\x94".to_vec();
+    for batch in 0..n.div_ceil(1000) {
+        out.push(b'(');
+        for i in batch * 1000..((batch + 1) * 1000).min(n) {
+            out.extend_from_slice(b"}\x94(");
+            if i == 0 {
+                // The list is memo 0, this dict 1, "x" 2 and "y" 3.
+                out.extend_from_slice(b"\x8c\x01x\x94K\x07\x8c\x01y\x94");
+            } else {
+                out.extend_from_slice(b"h\x02K\x07h\x03");
+            }
+            // A value whose opcode and length vary: BININT1, BININT2, BININT, LONG1.
+            match i % 4 {
+                0 => out.extend_from_slice(&[b'K', i as u8]),
+                1 => out.extend_from_slice(&[b'M', i as u8, 1]),
+                2 => out.extend_from_slice(&[b'J', i as u8, 0, 1, 0]),
+                _ => out.extend_from_slice(&[0x8a, 6, i as u8, 0, 0, 0, 0x80, 0x7f]),
+            }
+            out.push(b'u');
+        }
+        out.push(b'e');
+    }
+    out.push(b'.');
+    out
+}
+
+/// The fast path reads a run of dicts in one call, and leaves the first it cannot finish
+/// within the bytes buffered to the dispatch: read a few bytes at a time, the dicts are those
+/// the general machine reads from the whole, and the fast path still reads most of them.
+#[test]
+fn runs_of_dicts_cut_by_the_buffers_end_read_as_the_general_machine_reads_them() {
+    let bytes = entries(2500);
+    let mut general = Record { dicts: Vec::new() };
+    let whole = read_pickle(&bytes[..], &Limits { entry_fast_path: false, ..Limits::default() }, &mut general);
+    let whole = whole.map_err(|_| "the general machine failed").unwrap();
+    assert_eq!((general.dicts.len(), whole.fast_dicts), (2500, 0));
+    for n in [1, 7, 61, 397, 4093, usize::MAX] {
+        let mut fast = Record { dicts: Vec::new() };
+        let r = read_pickle(Trickle { bytes: &bytes, n }, &Limits::default(), &mut fast);
+        let r = r.map_err(|_| format!("{n} bytes a read failed")).unwrap();
+        assert!(fast.dicts == general.dicts, "{n} bytes a read: the dicts differ");
+        assert_eq!((r.bytes_read, r.root.type_name()), (whole.bytes_read, whole.root.type_name()));
+        if n >= 397 {
+            assert!(r.fast_dicts >= 2000, "{n} bytes a read: {} fast", r.fast_dicts);
+        }
+    }
+}

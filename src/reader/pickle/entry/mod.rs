@@ -77,6 +77,8 @@ pub(super) struct Scratch {
     lists: [List; LISTS],
     lists_epoch: u64,
     next_list: usize,
+    /// The slot of the list matched last.
+    last_hit: usize,
 }
 
 /// Frames lists remembered, and the most bytes of one (a few memo gets).
@@ -108,6 +110,7 @@ impl Default for Scratch {
             lists: [List { body: [0; LIST_BYTES], first: 0, len: 0, folded: Value::None, count: 0, depth: 0 }; LISTS],
             lists_epoch: u64::MAX,
             next_list: 0,
+            last_hit: 0,
         }
     }
 }
@@ -143,9 +146,40 @@ struct Parts<'v, S> {
 }
 
 impl<R: Read, S: Sink> Vm<'_, R, S> {
-    /// Tries the fast path with the input just past an EMPTY_DICT.
+    /// Tries the fast path with the input just past an EMPTY_DICT, and goes on with the dicts
+    /// that follow it directly (a batch of torch's entries is a run of them): each is read as
+    /// if the machine had met its EMPTY_DICT and called this again, without the trip through
+    /// the dispatch. The first that it does not read is left, EMPTY_DICT and all, to that
+    /// trip, which tries it again here and then falls back as the first would have.
     #[inline]
     pub(super) fn entry_fast(&mut self) -> Res<Entry, S::Error> {
+        let first = self.entry_one(0)?;
+        if !matches!(first, Entry::Read) {
+            return Ok(first);
+        }
+        loop {
+            if self.input.window().first() != Some(&op::EMPTY_DICT) {
+                return Ok(Entry::Read);
+            }
+            let at = self.input.offset();
+            let (before, fast_dicts) = (self.at, self.fast_dicts);
+            self.at = at;
+            match self.entry_one(1)? {
+                Entry::Read => self.fast_streak += 1,
+                _ => {
+                    // Not read: the dispatch reads its EMPTY_DICT and calls again.
+                    debug_assert_eq!((self.input.offset(), self.fast_dicts), (at, fast_dicts));
+                    self.at = before;
+                    return Ok(Entry::Read);
+                }
+            }
+        }
+    }
+
+    /// One dict, its bytes `skip` bytes into the window (past its EMPTY_DICT when the
+    /// dispatch has not read that).
+    #[inline(always)]
+    fn entry_one(&mut self, skip: usize) -> Res<Entry, S::Error> {
         let l = self.limits;
         // Room for everything the general machine would check as it goes.
         if self.stack.len() + 2 * MAX_PAIRS + MAX_FRAMES + 4 >= l.max_stack as usize
@@ -161,18 +195,18 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
             memo: &mut self.memo,
             sink: &mut *self.sink,
             limits: l,
-            base: self.input.offset(),
+            base: self.input.offset() + skip as u64,
             memo_start,
             open_slots: [usize::MAX; 2],
             unbuilt: 0,
             unseen: false,
             short: false,
         };
-        let outcome = parts.dict(self.input.window(), &mut self.at);
+        let outcome = parts.dict(self.input.window().get(skip..).unwrap_or_default(), &mut self.at);
         let (unbuilt, unseen, short) = (parts.unbuilt, parts.unseen, parts.short);
         match outcome {
             Ok(Fast::Folded { used, value }) => {
-                self.input.advance(used);
+                self.input.advance(skip + used);
                 self.heap.count_unbuilt(unbuilt);
                 self.fast_dicts += 1;
                 self.stack.push(value);

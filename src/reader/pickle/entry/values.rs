@@ -80,14 +80,14 @@ impl<S: Sink> Parts<'_, S> {
         }
         let Some(w) = step(buf, body) else { return Ok(None) };
         let first = word(w);
-        let Some(list) = self
-            .scratch
-            .lists
-            .iter()
-            .find(|l| l.len > 0 && l.first == first && buf.get(body..body + l.len) == Some(&l.body[..l.len]))
-        else {
-            return Ok(None);
-        };
+        let ahead: Option<&[u8; LIST_BYTES]> = buf.get(body..body + LIST_BYTES).and_then(|b| b.try_into().ok());
+        let is = |l: &List| l.len > 0 && l.first == first && same_bytes(buf, body, ahead, l);
+        // The list that matched last is tried first: a trace repeats a few lists in runs.
+        let s = &mut *self.scratch;
+        let hit = if is(&s.lists[s.last_hit % LISTS]) { Some(s.last_hit % LISTS) } else { s.lists.iter().position(is) };
+        let Some(i) = hit else { return Ok(None) };
+        s.last_hit = i;
+        let list = &s.lists[i];
         let (value, count, depth, len) = (list.folded, list.count, list.depth, list.len);
         if !self.heap.room_for_values(count as u64, self.limits.max_values) || depth >= self.limits.max_depth {
             return Ok(None);
@@ -248,10 +248,18 @@ impl<S: Sink> Parts<'_, S> {
         let raw = buf.get(p..p.checked_add(n)?)?;
         // torch writes a fresh 'N/A' in every entry: the same bytes as the last short string
         // read here are the same string.
+        // Its bytes as a word: one load where eight are buffered (a copy of `n` bytes was a
+        // call to memcpy per entry).
         let short = (n <= 8).then(|| {
-            let mut word = [0u8; 8];
-            word[..n].copy_from_slice(raw);
-            (u64::from_le_bytes(word), n)
+            let word = match buf.get(p..p + 8).and_then(|b| <[u8; 8]>::try_from(b).ok()) {
+                Some(b) => u64::from_le_bytes(b) & if n == 8 { u64::MAX } else { (1u64 << (8 * n)) - 1 },
+                None => {
+                    let mut word = [0u8; 8];
+                    word[..n].copy_from_slice(raw);
+                    u64::from_le_bytes(word)
+                }
+            };
+            (word, n)
         });
         let id = match (short, self.scratch.last_string) {
             (Some(key), (last, id)) if key == last => id,
@@ -270,4 +278,22 @@ impl<S: Sink> Parts<'_, S> {
         }
         Some((v, 0, next))
     }
+}
+
+/// Whether the bytes at `at` begin with `list`'s body. Compared a word at a time within the
+/// `LIST_BYTES` ahead where the buffer holds them (a call to memcmp per entry showed), else
+/// as slices.
+#[inline(always)]
+fn same_bytes(buf: &[u8], at: usize, ahead: Option<&[u8; LIST_BYTES]>, list: &List) -> bool {
+    let Some(ahead) = ahead else { return buf.get(at..at + list.len) == Some(&list.body[..list.len]) };
+    let mut diff = 0u64;
+    for (i, (a, b)) in ahead.chunks_exact(8).zip(list.body.chunks_exact(8)).enumerate() {
+        let (a, b) =
+            (u64::from_le_bytes(a.try_into().unwrap_or([0; 8])), u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+        // The bytes of this word that are the body's: all, some, or none.
+        let n = list.len.saturating_sub(8 * i).min(8);
+        let keep = if n == 8 { u64::MAX } else { (1u64 << (8 * n)) - 1 };
+        diff |= (a ^ b) & keep;
+    }
+    diff == 0
 }
