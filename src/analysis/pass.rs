@@ -122,7 +122,6 @@ pub(super) fn replay_device<'a>(snapshot: &'a Snapshot, d: &Device, depth: Depth
     if let Some(times) = times {
         timeline.time_us = times;
     }
-    let actions = if actions.is_empty() { super::actions::count_actions(snapshot.device_events(d)) } else { actions };
     Replayed { replay, timeline, ooms, steps, capture, phases, labels, freed, actions }
 }
 

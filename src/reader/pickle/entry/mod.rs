@@ -161,17 +161,13 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
             if self.input.window().first() != Some(&op::EMPTY_DICT) {
                 return Ok(Entry::Read);
             }
-            let at = self.input.offset();
-            let (before, fast_dicts) = (self.at, self.fast_dicts);
-            self.at = at;
+            // Where the dispatch would have placed it: errors name this dict's bytes.
+            self.at = self.input.offset();
             match self.entry_one(1)? {
                 Entry::Read => self.fast_streak += 1,
-                _ => {
-                    // Not read: the dispatch reads its EMPTY_DICT and calls again.
-                    debug_assert_eq!((self.input.offset(), self.fast_dicts), (at, fast_dicts));
-                    self.at = before;
-                    return Ok(Entry::Read);
-                }
+                // Not read, nothing consumed: the dispatch reads its EMPTY_DICT (setting `at`
+                // again) and calls again.
+                _ => return Ok(Entry::Read),
             }
         }
     }
