@@ -1,7 +1,8 @@
 //! A pickle read in two parts at once (`src/reader/pickle/split.rs`) against the same pickle
 //! read in one, on arbitrary bytes: neither may panic, and both must end with the same model or
 //! the same error. The split is forced wherever one is possible (the first list of two batches,
-//! from its start), at a place the first byte chooses. Seed it with `corpus/split` (small
+//! from its start), at a place the first byte chooses; where that byte is odd, paced (where
+//! the threads' speeds put it), from the same place on. Seed it with `corpus/split` (small
 //! snapshots whose trace is written in batches of three) and the reader's corpus.
 #![no_main]
 
@@ -29,7 +30,8 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let later_share = 50 + share as u64 * 900 / 255;
-    let forced = TwoParts { min_bytes: 0, min_items: 2, fork_share: 0, quiet: 0, later_share, measure: false };
+    let pace = share % 2 == 1;
+    let forced = TwoParts { min_bytes: 0, min_items: 2, fork_share: 0, quiet: 0, later_share, pace, measure: false };
     let two = read(file.path(), Some(forced));
     let one = read(file.path(), None);
     assert!(one == two, "one part and two differ:\none: {one:.2000}\ntwo: {two:.2000}");

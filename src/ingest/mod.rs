@@ -68,8 +68,12 @@ pub struct TwoParts {
     pub fork_share: u64,
     /// once this many trace entries in a row met no new frame (see `reader::Split`).
     pub quiet: u64,
-    /// It starts this share of the way through what is left then (thousandths).
+    /// It starts at least this share of the way through what is left then (thousandths),
     pub later_share: u64,
+    /// and, where `pace` is set, where the two parts are then on course to finish together,
+    /// from how far the first has come while the second walked (see `reader::Split::pace`);
+    /// else right there.
+    pub pace: bool,
     /// Probe for a free second core before each such read (false: always two parts).
     pub measure: bool,
 }
@@ -93,7 +97,15 @@ impl TwoParts {
 
 impl Default for TwoParts {
     fn default() -> Self {
-        TwoParts { min_bytes: 48 << 20, min_items: 4000, fork_share: 20, quiet: 4000, later_share: 560, measure: true }
+        TwoParts {
+            min_bytes: 48 << 20,
+            min_items: 4000,
+            fork_share: 20,
+            quiet: 4000,
+            later_share: 300,
+            pace: true,
+            measure: true,
+        }
     }
 }
 

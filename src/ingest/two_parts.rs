@@ -63,6 +63,7 @@ pub(super) fn ingest<T>(
         fork_share: parts.fork_share,
         quiet: parts.quiet,
         later_share: parts.later_share,
+        pace: parts.pace,
     };
     let mut sink = SnapshotSink::new(options.max_events).within(options.memory);
     let limits = options.limits_within();

@@ -15,7 +15,7 @@ use crate::reader_props::tight_limits;
 
 /// A split wherever one is possible: the first list of two batches or more, from its start.
 fn forced(later_share: u64) -> TwoParts {
-    TwoParts { min_bytes: 0, min_items: 2, fork_share: 0, quiet: 0, later_share, measure: false }
+    TwoParts { min_bytes: 0, min_items: 2, fork_share: 0, quiet: 0, later_share, pace: false, measure: false }
 }
 
 /// The model (or the error) a read of `path` ends with, as text, and what a second part read.
@@ -33,12 +33,17 @@ fn read(path: &Path, parts: Option<TwoParts>, tighten: &dyn Fn(&mut Options)) ->
 /// what is left, and fails, naming the first line that differs, unless they agree. Returns
 /// what the second part read, if the read split.
 fn same(what: &str, bytes: &[u8], share: u64, tighten: &dyn Fn(&mut Options)) -> Option<Range<u64>> {
+    same_in(what, bytes, forced(share), tighten)
+}
+
+/// [`same`], split as `parts` says.
+fn same_in(what: &str, bytes: &[u8], parts: TwoParts, tighten: &dyn Fn(&mut Options)) -> Option<Range<u64>> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("snapshot.pickle");
     std::fs::write(&path, bytes).unwrap();
     let (one, none) = read(&path, None, tighten);
     assert_eq!(none, None, "{what}: read in two parts with the split off");
-    let (two, later) = read(&path, Some(forced(share)), tighten);
+    let (two, later) = read(&path, Some(parts), tighten);
     if one != two {
         let line = one.lines().zip(two.lines()).position(|(a, b)| a != b).unwrap_or(0);
         let at = |s: &str| s.lines().skip(line.saturating_sub(2)).take(5).collect::<Vec<_>>().join("\n");
@@ -99,6 +104,10 @@ fn every_fixture_reads_the_same_in_two_parts_and_the_big_ones_split() {
                 split += 1;
             }
         }
+        // Paced, the later part starts where the two are on course to finish together: where
+        // depends on how fast each thread ran, the result must not.
+        let paced = TwoParts { pace: true, ..forced(0) };
+        same_in(&format!("{name}, paced"), &bytes, paced, &|_| {});
         checked += 1;
     }
     assert!(checked >= 25, "{checked} fixtures");
@@ -108,7 +117,9 @@ fn every_fixture_reads_the_same_in_two_parts_and_the_big_ones_split() {
 #[test]
 fn hostile_files_fail_the_same_in_two_parts() {
     for path in pickles(&crate::util::hostile()) {
-        same(&path.display().to_string(), &std::fs::read(&path).unwrap(), 500, &|_| {});
+        let bytes = std::fs::read(&path).unwrap();
+        same(&path.display().to_string(), &bytes, 500, &|_| {});
+        same_in(&path.display().to_string(), &bytes, TwoParts { pace: true, ..forced(0) }, &|_| {});
     }
 }
 

@@ -23,7 +23,7 @@ use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 
-use super::walk::{Start, walk};
+use super::walk::{Pace, Start, walk};
 use super::{Failure, Vm};
 use crate::reader::input::Input;
 use crate::reader::memo::Memo;
@@ -54,8 +54,16 @@ pub struct Split {
     /// which the fast path leaves to the general machine, have become rare, and the later
     /// part's copy of the memo holds those it will refer to.
     pub quiet: u64,
-    /// The later part starts this share of the way through what is left then (thousandths).
+    /// The later part starts at least this share of the way through what is left then
+    /// (thousandths),
     pub later_share: u64,
+    /// and, where this is set, at the first batch boundary past that where the two parts are
+    /// on course to finish together: where what the later part has left to read is no more
+    /// than what the earlier part has left to get there (`walk::Pace`). A fixed share
+    /// balances the parts only where both cores run alike; on a machine whose cores do not
+    /// (a virtual machine's, shared with others), the earlier part finished up to a fifth of
+    /// the read after the later one, or waited as long for it.
+    pub pace: bool,
 }
 
 /// Reads a pickle as [`super::read`] does, with the list that holds most of it (a trace)
@@ -129,6 +137,8 @@ struct Running<S> {
     start: Option<u64>,
     found: mpsc::Receiver<u64>,
     target: u64,
+    /// Where the earlier part is, for a paced walk: it never waits for the walk's answer.
+    earlier: Option<Arc<AtomicU64>>,
     cancel: Arc<AtomicBool>,
     done: mpsc::Receiver<Option<Box<Later<S>>>>,
     /// The later part's thread, joined when the earlier part drops it, so that no copy of
@@ -152,10 +162,16 @@ struct Later<S> {
 impl<S> Running<S> {
     /// The later part's start, once known; with the earlier part at `at` past the target,
     /// it waits for the walk's answer (the walk runs far ahead of the read) rather than
-    /// risk passing the start unknowing.
+    /// risk passing the start unknowing. A paced walk picks a start well ahead of where the
+    /// earlier part says it is (`walk::Pace`), so the earlier part never waits for it; should
+    /// it pass the start before the answer comes, it reads on alone, as a single read.
     fn start(&mut self, at: u64) -> Option<u64> {
+        if let Some(earlier) = &self.earlier {
+            earlier.store(at, Ordering::Relaxed);
+        }
         if self.start.is_none() {
-            self.start = if at >= self.target { self.found.recv().ok() } else { self.found.try_recv().ok() };
+            let wait = at >= self.target && self.earlier.is_none();
+            self.start = if wait { self.found.recv().ok() } else { self.found.try_recv().ok() };
         }
         self.start
     }
@@ -241,6 +257,8 @@ fn start<S: Sink + Send + 'static>(
     let (Some(memo), Some(sink)) = (vm.memo.fork(), vm.sink.fork()) else { return Fork::Never };
     let heap = vm.heap.fork(list);
     let target = at + (split.len - at) / 1000 * split.later_share;
+    let earlier = split.pace.then(|| Arc::new(AtomicU64::new(at)));
+    let pace = earlier.clone().map(|earlier| Pace::new(earlier, at, split.len));
     let (Some(max_stack), Some(max_marks)) = (
         vm.limits.max_stack.checked_sub(vm.stack.len() as u64 - 1),
         vm.limits.max_marks.checked_sub(vm.marks.len() as u64),
@@ -255,6 +273,7 @@ fn start<S: Sink + Send + 'static>(
         open: split.open.clone(),
         from: at,
         target,
+        pace,
         list,
         protocol: vm.protocol,
         limits,
@@ -280,6 +299,7 @@ fn start<S: Sink + Send + 'static>(
         start: None,
         found,
         target,
+        earlier,
         cancel,
         done,
         thread: Some(thread),
@@ -291,6 +311,7 @@ struct LaterPart<S> {
     open: Open,
     from: u64,
     target: u64,
+    pace: Option<Pace>,
     list: u32,
     protocol: Option<u8>,
     limits: Limits,
@@ -334,7 +355,7 @@ impl<S: Sink> LaterPart<S> {
 
     fn walk(&self) -> Option<Start> {
         let mut input = Input::starting_at((self.open)(self.from).ok()?, self.from, self.limits.max_input_bytes);
-        walk(&mut input, self.copied, self.copied, self.target, &self.cancel)
+        walk(&mut input, self.copied, self.copied, self.target, self.pace.as_ref(), &self.cancel)
     }
 }
 

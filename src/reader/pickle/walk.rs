@@ -8,7 +8,8 @@
 //! checks, when it gets there, that it stands where the walk said.
 
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::opcodes as op;
 use super::shapes::{Shapes, Table};
@@ -20,6 +21,40 @@ use crate::reader::input::Input;
 pub(super) struct Start {
     pub at: u64,
     pub memo: usize,
+}
+
+/// Where the earlier part of a split read is, which it stores after each batch: a paced walk
+/// stops where the two parts are on course to finish together, wherever the machine runs one
+/// part slower than the other.
+pub(super) struct Pace {
+    earlier: Arc<AtomicU64>,
+    /// The input's end.
+    end: u64,
+    /// How far ahead of the earlier part a start must be, so that the earlier part hears of it
+    /// before it gets there (it reads a few MiB in the time it takes to hear).
+    ahead: u64,
+}
+
+impl Pace {
+    /// A pace for a later part forked at byte `from` of an input of `end` bytes.
+    pub(super) fn new(earlier: Arc<AtomicU64>, from: u64, end: u64) -> Pace {
+        Pace { earlier, end, ahead: (end.saturating_sub(from) / 64).min(4 << 20) }
+    }
+
+    /// Whether `at` is far enough ahead of the earlier part to start there.
+    fn ahead_of_earlier(&self, at: u64) -> bool {
+        at >= self.earlier.load(Ordering::Relaxed).saturating_add(self.ahead)
+    }
+
+    /// Whether a later part starting at `at` ends no later than the earlier part gets there:
+    /// what is left past `at` is no more than what lies between the earlier part and `at`.
+    /// The walk's own time is spent already; both parts read alike, byte for byte, so their
+    /// speeds are taken to be the same from here on, and how fast each core was until now
+    /// shows in how far the earlier part came while the walk went.
+    fn balanced(&self, at: u64) -> bool {
+        let earlier = self.earlier.load(Ordering::Relaxed);
+        self.ahead_of_earlier(at) && at - earlier >= self.end.saturating_sub(at)
+    }
 }
 
 /// An opcode and its fixed operands fit in this many bytes (FRAME and BINFLOAT take 9).
@@ -93,7 +128,7 @@ fn table(code: u8) -> Table {
     }
 }
 
-struct Walk {
+struct Walk<'p> {
     memo: usize,
     /// MARKs open above the list.
     depth: u32,
@@ -107,6 +142,7 @@ struct Walk {
     /// Starts passed over so: after `PASS_OVER`, the next is taken anyway, and the later part
     /// reads up to its first entry that refers back past its copy.
     passed: u32,
+    pace: Option<&'p Pace>,
 }
 
 const PASS_OVER: u32 = 8;
@@ -120,17 +156,18 @@ enum Step {
 }
 
 /// Walks from right after an APPENDS on the list (no MARK open above it), with `memo`
-/// entries made, to the first batch boundary at or past byte `target` after which the next
-/// batch reads no memo entry between the first `copied` and that boundary. None when there
-/// is none, or when `cancel` is set.
+/// entries made, to the first batch boundary at or past byte `target` (and, with a `pace`,
+/// where the parts are balanced) after which the next batch reads no memo entry between the
+/// first `copied` and that boundary. None when there is none, or when `cancel` is set.
 pub(super) fn walk<R: Read>(
     input: &mut Input<R>,
     memo: usize,
     copied: usize,
     target: u64,
+    pace: Option<&Pace>,
     cancel: &AtomicBool,
 ) -> Option<Start> {
-    let mut w = Walk { memo, depth: 0, copied, target, candidate: None, passed: 0 };
+    let mut w = Walk { memo, depth: 0, copied, target, candidate: None, passed: 0, pace };
     let mut shapes = Shapes::default();
     loop {
         if cancel.load(Ordering::Relaxed) || !input.ensure(VIEW).ok()? {
@@ -205,7 +242,7 @@ pub(super) fn walk<R: Read>(
     }
 }
 
-impl Walk {
+impl Walk<'_> {
     /// One opcode, its bytes in `v`; `at` is its offset.
     #[inline(always)]
     fn step(&mut self, v: &[u8; VIEW], at: u64) -> Step {
@@ -294,9 +331,13 @@ impl Walk {
     /// A batch of the list closed, the next opcode at `at`.
     fn boundary(&mut self, at: u64) -> Step {
         if let Some(c) = self.candidate {
-            return Step::Found(c);
+            // Paced, the earlier part may have come near it while its next batch was checked.
+            if self.pace.is_none_or(|p| p.ahead_of_earlier(c.at)) {
+                return Step::Found(c);
+            }
+            self.candidate = None;
         }
-        if at >= self.target {
+        if at >= self.target && self.pace.is_none_or(|p| p.balanced(at)) {
             self.candidate = Some(Start { at, memo: self.memo });
         }
         Step::Next(1)
@@ -344,7 +385,7 @@ mod tests {
     fn walk_from(bytes: &[u8], from: u64, memo: usize, copied: usize, target: u64) -> Option<Start> {
         let mut input = Input::new(bytes, u64::MAX);
         input.skip_bytes(from).unwrap();
-        walk(&mut input, memo, copied, target, &AtomicBool::new(false))
+        walk(&mut input, memo, copied, target, None, &AtomicBool::new(false))
     }
 
     #[test]
@@ -368,6 +409,30 @@ mod tests {
     }
 
     #[test]
+    fn a_paced_walk_stops_where_what_is_left_after_it_is_no_more_than_what_lies_before_it() {
+        let (bytes, ends) = list(20, 3, false);
+        let end = bytes.len() as u64;
+        let paced = |earlier: u64| {
+            let pace = Pace { earlier: Arc::new(AtomicU64::new(earlier)), end, ahead: 0 };
+            let mut input = Input::new(&bytes[..], u64::MAX);
+            input.skip_bytes(ends[0]).unwrap();
+            walk(&mut input, 5, 5, 0, Some(&pace), &AtomicBool::new(false)).map(|s| s.at)
+        };
+        // The first boundary at least halfway from the earlier part to the end.
+        let expect = |earlier: u64| ends.iter().copied().find(|&at| at - earlier.min(at) >= end - at);
+        for earlier in [ends[0], ends[3] + 2, ends[9]] {
+            assert_eq!(paced(earlier), expect(earlier), "earlier part at {earlier}");
+        }
+        assert!(paced(ends[9]) > paced(ends[0]), "a later part gets less to read when the earlier is further on");
+        // Never at or behind where the earlier part is, nor within `ahead` of it.
+        let pace = Pace { earlier: Arc::new(AtomicU64::new(ends[0])), end, ahead: ends[15] - ends[0] };
+        let mut input = Input::new(&bytes[..], u64::MAX);
+        input.skip_bytes(ends[0]).unwrap();
+        let start = walk(&mut input, 5, 5, 0, Some(&pace), &AtomicBool::new(false)).unwrap();
+        assert_eq!(start.at, ends[15]);
+    }
+
+    #[test]
     fn no_split_when_the_list_ends_first_or_on_a_text_opcode() {
         let (bytes, ends) = list(3, 3, false);
         assert_eq!(walk_from(&bytes, ends[0], 5, 5, ends[2] + 1), None);
@@ -380,7 +445,7 @@ mod tests {
     /// The walk as one step per opcode, with no table and no shapes: what the fast loop
     /// must agree with.
     fn reference(bytes: &[u8], from: u64, memo: usize, copied: usize, target: u64) -> Option<Start> {
-        let mut w = Walk { memo, depth: 0, copied, target, candidate: None, passed: 0 };
+        let mut w = Walk { memo, depth: 0, copied, target, candidate: None, passed: 0, pace: None };
         let mut p = from as usize;
         loop {
             let v: &[u8; VIEW] = bytes.get(p..p + VIEW)?.try_into().ok()?;
@@ -500,7 +565,7 @@ mod tests {
                         assert_eq!(got, want, "seed {seed}, target {target}, copied {copied}");
                         let mut input = Input::new(Trickle { bytes: &bytes, most: 7 + seed as usize * 13 }, u64::MAX);
                         input.skip_bytes(from).unwrap();
-                        let trickled = walk(&mut input, memo, copied, target, &AtomicBool::new(false));
+                        let trickled = walk(&mut input, memo, copied, target, None, &AtomicBool::new(false));
                         assert_eq!(trickled, want, "seed {seed}, target {target}, in short reads");
                         found += usize::from(want.is_some());
                     }
