@@ -59,14 +59,6 @@ impl Prefetch {
         Prefetch { chunks: rx, spent: spent_tx, current: Vec::new(), pos: 0, done: Some(done) }
     }
 
-    /// The next bytes, without consuming them (empty at the end of the input).
-    pub(super) fn peek(&mut self) -> std::io::Result<&[u8]> {
-        if self.pos == self.current.len() {
-            self.next_chunk()?;
-        }
-        Ok(&self.current[self.pos..])
-    }
-
     /// Takes the next chunk from the reading thread (handing the spent one back); false at the
     /// end of the input.
     pub(super) fn next_chunk(&mut self) -> std::io::Result<bool> {
@@ -101,6 +93,27 @@ pub(super) fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<us
         }
     }
     Ok(n)
+}
+
+/// An input whose next bytes can be seen before they are read: the format is sniffed from them.
+pub(super) trait Peek: Read {
+    /// The next bytes, without consuming them (empty at the end of the input).
+    fn peek(&mut self) -> std::io::Result<&[u8]>;
+}
+
+impl Peek for Prefetch {
+    fn peek(&mut self) -> std::io::Result<&[u8]> {
+        if self.pos == self.current.len() {
+            self.next_chunk()?;
+        }
+        Ok(&self.current[self.pos..])
+    }
+}
+
+impl<R: Read> Peek for std::io::BufReader<R> {
+    fn peek(&mut self) -> std::io::Result<&[u8]> {
+        std::io::BufRead::fill_buf(self)
+    }
 }
 
 impl Read for Prefetch {

@@ -16,7 +16,7 @@ mod gzip;
 mod input;
 mod two_parts;
 
-use input::{Counted, Prefetch, RatioCap, SharedCount, read_full};
+use input::{Counted, Peek, Prefetch, RatioCap, SharedCount, read_full};
 
 use crate::reader::{self, Failure, Limits, ReadError};
 use crate::snapshot::{self, ModelError, Snapshot, SnapshotSink, Source};
@@ -254,12 +254,39 @@ fn sniff(head: &[u8]) -> Result<Format, IngestError> {
 
 /// Reads a snapshot in any supported form from `raw`.
 pub fn ingest<R: Read + Send + 'static>(raw: R, options: &Options) -> Result<Ingested, IngestError> {
+    if !options.hash && options.progress.is_none() {
+        return ingest_direct(raw, options);
+    }
     let mut prefetch = Prefetch::start(raw, options.progress.clone(), options.hash);
     let decoded = decode_any(&mut prefetch, options);
     let (sha256, bytes) = prefetch.finish()?;
     let (Model { snapshot, protocol: pickle_protocol, fast_dicts, later_part }, encoding, compression) = decoded?;
     let source =
         Source { bytes, sha256, encoding: encoding.to_string(), compression: compression.to_string(), pickle_protocol };
+    Ok(Ingested { snapshot, source, fast_dicts, later_part })
+}
+
+/// [`ingest`] with neither a hash nor a progress count to keep: a reading thread would only
+/// copy each chunk once more, on a core that a one-part read was chosen for being busy, so
+/// the decoder reads `raw` itself. The size is still the whole input's.
+fn ingest_direct<R: Read>(raw: R, options: &Options) -> Result<Ingested, IngestError> {
+    let count = SharedCount(std::cell::Cell::new(0));
+    // Reads as big as its buffer go straight into the reader's own buffer (`BufReader` passes
+    // them through), so only the sniffed head is copied.
+    let mut direct = BufReader::with_capacity(64 << 10, Counted { inner: raw, count: &count });
+    let decoded = decode_any(&mut direct, options);
+    // As the reading thread does: on to the end, so that the size is the input's (an error
+    // past what the decoder read is no error of the snapshot's, there as here).
+    let _ = std::io::copy(&mut direct, &mut std::io::sink());
+    let (Model { snapshot, protocol: pickle_protocol, fast_dicts, later_part }, encoding, compression) = decoded?;
+    let bytes = count.0.get();
+    let source = Source {
+        bytes,
+        sha256: None,
+        encoding: encoding.to_string(),
+        compression: compression.to_string(),
+        pickle_protocol,
+    };
     Ok(Ingested { snapshot, source, fast_dicts, later_part })
 }
 
@@ -273,7 +300,7 @@ struct Model {
     later_part: Option<std::ops::Range<u64>>,
 }
 
-fn decode_any(raw: &mut Prefetch, options: &Options) -> Result<Decoded, IngestError> {
+fn decode_any<P: Peek>(raw: &mut P, options: &Options) -> Result<Decoded, IngestError> {
     Ok({
         let format = sniff(raw.peek().map_err(IngestError::Io)?)?;
         let mut outer = raw;

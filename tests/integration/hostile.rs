@@ -167,3 +167,42 @@ fn the_server_refuses_expansion_bombs_within_a_small_budget() {
     assert_eq!(server.get("/healthz").status().as_u16(), 200);
     assert!(server.peak_rss_kib() < 256 << 10, "peak RSS {} KiB", server.peak_rss_kib());
 }
+
+/// Without a hash or a progress count (the command line's read), the decoder reads the input
+/// itself instead of through a reading thread: on every fixture and hostile file, as they are
+/// and gzip- and zstd-compressed, and cut short, the two end with the same model, source and
+/// error (but for the hash only the thread computes).
+#[test]
+fn a_read_without_a_hash_ends_as_the_read_through_the_reading_thread() {
+    use std::io::Write;
+    let read = |bytes: &[u8], hash: bool| {
+        let options = fragscope::ingest::Options { hash, two_parts: None, ..Default::default() };
+        match fragscope::ingest::ingest(std::io::Cursor::new(bytes.to_vec()), &options) {
+            Ok(i) => {
+                assert_eq!(i.source.sha256.is_some(), hash);
+                let source = fragscope::snapshot::Source { sha256: None, ..i.source };
+                format!("{}\n{source:?}", i.snapshot.canonical_text())
+            }
+            Err(e) => format!("error: {e}"),
+        }
+    };
+    let dirs = [crate::util::fixtures(), crate::util::hostile()];
+    let mut files: Vec<_> =
+        dirs.iter().flat_map(|d| std::fs::read_dir(d).unwrap()).map(|e| e.unwrap().path()).collect();
+    files.retain(|p| p.is_file() && !p.to_string_lossy().ends_with(".json") && !p.to_string_lossy().ends_with(".md"));
+    files.sort();
+    let (mut models, mut errors) = (0, 0);
+    for path in &files {
+        let raw = std::fs::read(path).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&raw).unwrap();
+        let forms =
+            [raw.clone(), gz.finish().unwrap(), zstd::encode_all(&raw[..], 1).unwrap(), raw[..raw.len() / 2].to_vec()];
+        for (form, bytes) in ["as is", "gzip", "zstd", "cut in half"].iter().zip(forms) {
+            let (direct, threaded) = (read(&bytes, false), read(&bytes, true));
+            assert_eq!(direct, threaded, "{} {form}", path.display());
+            if direct.starts_with("error: ") { errors += 1 } else { models += 1 }
+        }
+    }
+    assert!(models >= 40 && errors >= 20, "{models} models, {errors} errors");
+}
