@@ -325,20 +325,24 @@ fn slow_note(base: &str, every: Duration, bytes: usize) -> std::thread::JoinHand
             s,
             "POST /api/v1/snapshots HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000\r\n\r\n{head}"
         );
-        s.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+        // Listen before each byte, not after: a byte sent after the server answered and closed
+        // makes its kernel reset the connection, and the reset throws away an answer not yet
+        // read (CI saw a 503 lost that way).
+        s.set_read_timeout(Some(every)).unwrap();
         let mut answer = Vec::new();
         for _ in 0..bytes {
+            let mut buf = [0u8; 512];
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    answer.extend_from_slice(&buf[..n]);
+                    break;
+                }
+                Err(_) => {}
+            }
             if s.write_all(b"n").is_err() {
                 break;
             }
-            let mut buf = [0u8; 512];
-            if let Ok(n) = s.read(&mut buf)
-                && n > 0
-            {
-                answer.extend_from_slice(&buf[..n]);
-                break;
-            }
-            std::thread::sleep(every);
         }
         let line = String::from_utf8_lossy(&answer).lines().next().unwrap_or("").to_string();
         (line, started.elapsed())
