@@ -61,6 +61,12 @@ pub struct Parsed {
     pub later_part: Option<std::ops::Range<u64>>,
 }
 
+/// Most fields a sink folds dicts by (see [`Sink::field`]).
+pub const MAX_FIELDS: usize = 16;
+
+/// A dict's values by field (see [`Sink::field`]).
+pub type Fields = [Option<Value>; MAX_FIELDS];
+
 /// Listens to the reader. The reader pushes; the sink decides what to keep compactly.
 ///
 /// A container is complete when it is placed into another one, or earlier: Python's pickler
@@ -78,6 +84,25 @@ pub trait Sink {
     /// Called once for each dict when it is complete, with its items (key, value, key, ...).
     /// Returning `Some(id)` replaces the dict by `Value::Folded(id)`; its items are not kept.
     fn fold_dict(&mut self, _heap: &Heap, _items: &[Value]) -> Result<Option<u32>, Self::Error> {
+        Ok(None)
+    }
+
+    /// The field of a dict key, where the sink folds dicts by a few keys (at most
+    /// [`MAX_FIELDS`]) and ignores every other: the entry fast path then sorts a dict's values
+    /// into fields as it reads them and calls [`Sink::fold_fields`], instead of handing over
+    /// the pairs. None for a key the sink ignores, and for every key of a sink that does not.
+    fn field(&self, _key: Value) -> Option<usize> {
+        None
+    }
+
+    /// Whether [`Sink::field`] names fields at all.
+    fn takes_fields(&self) -> bool {
+        false
+    }
+
+    /// [`Sink::fold_dict`] for a dict given as its fields: each the value of the last pair
+    /// whose key has that field. It must answer as `fold_dict` does for the pairs.
+    fn fold_fields(&mut self, _heap: &Heap, _fields: &Fields) -> Result<Option<u32>, Self::Error> {
         Ok(None)
     }
 

@@ -80,6 +80,31 @@ fn a_folded_value_nested_again_meets_the_depth_limit_at_the_same_opcode() {
     same("a folded value nested again", &bytes, &|o| o.limits.max_depth = 12);
 }
 
+/// Dicts with a key twice (the last pair wins, as in Python) and with a key no entry has
+/// (ignored): the fast path sorts values into the sink's fields as it reads them, and must
+/// end as the general machine does and as Python's loader does
+/// (`fast_path/make_repeated_keys.py` made them, with Python's reading as the truth).
+#[test]
+fn a_repeated_key_reads_as_python_reads_it_through_both_paths() {
+    let dir = crate::util::fixtures().join("fast_path");
+    let bytes = std::fs::read(dir.join("repeated_keys.pickle")).unwrap();
+    let truth: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("repeated_keys.truth.json")).unwrap()).unwrap();
+    let (dicts, events) = same("repeated keys", &bytes, &|_| {});
+    assert_eq!(events as u64, truth["events"].as_u64().unwrap());
+    assert!(dicts as f64 >= 0.9 * events as f64, "{dicts} fast of {events} events");
+    for fast in [true, false] {
+        let mut options = Options::default();
+        options.limits.entry_fast_path = fast;
+        let read = ingest(Cursor::new(bytes.clone()), &options).unwrap();
+        for (i, size) in truth["sizes"].as_object().unwrap() {
+            let event = &read.snapshot.events[i.parse::<usize>().unwrap()];
+            let got = event.size;
+            assert_eq!(got, size.as_u64().unwrap(), "entry {i}, fast path {fast}");
+        }
+    }
+}
+
 #[test]
 fn external_snapshots_read_the_same_through_both_paths() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/external");

@@ -4,7 +4,7 @@
 
 use foldhash::HashMapExt;
 
-use crate::reader::{FoldedIds, Heap, Ids, Kind, Sink, StrId, Strings, Value};
+use crate::reader::{Fields, FoldedIds, Heap, Ids, Kind, MAX_FIELDS, Sink, StrId, Strings, Value};
 
 use super::{Action, EMPTY_STACK, Event, Extra, Frame, ModelError, NO_TIME, StackId, Stacks};
 
@@ -12,6 +12,7 @@ use super::{Action, EMPTY_STACK, Event, Extra, Frame, ModelError, NO_TIME, Stack
 const KEY_COUNT: usize = 13;
 /// The first of them, up to `device_free`, are a trace entry's.
 const ENTRY_KEYS: usize = 9;
+const _: () = assert!(ENTRY_KEYS <= MAX_FIELDS, "each entry key needs its own field");
 /// Action strings with ids below this are looked up in a table.
 const ACTION_TABLE: usize = 1 << 16;
 
@@ -268,17 +269,32 @@ impl Sink for SnapshotSink {
 
     /// Folds a dict that has an `action` key into an [`Event`]; leaves every other dict alone.
     fn fold_dict(&mut self, heap: &Heap, items: &[Value]) -> Result<Option<u32>, ModelError> {
-        // `prepare` interned the keys first, in `Keys` order: an entry's keys are the ids below
-        // ENTRY_KEYS, and index `fields` directly (the last pair wins, as in a dict).
-        let mut fields: [Option<Value>; ENTRY_KEYS] = [None; ENTRY_KEYS];
+        let mut fields: Fields = [None; MAX_FIELDS];
         for kv in items.chunks_exact(2) {
-            if let Value::Str(key) = kv[0]
-                && let Some(field) = fields.get_mut(key as usize)
-            {
-                *field = Some(kv[1]);
+            if let Some(slot) = self.field(kv[0]).and_then(|f| fields.get_mut(f)) {
+                *slot = Some(kv[1]);
             }
         }
-        let [action, addr, size, stream, time, frames, cc, um, device_free] = fields;
+        self.fold_fields(heap, &fields)
+    }
+
+    /// `prepare` interned the keys first, in `Keys` order: an entry's keys are the ids below
+    /// ENTRY_KEYS, each its own field.
+    #[inline(always)]
+    fn field(&self, key: Value) -> Option<usize> {
+        match key {
+            Value::Str(key) if (key as usize) < ENTRY_KEYS => Some(key as usize),
+            _ => None,
+        }
+    }
+
+    fn takes_fields(&self) -> bool {
+        true
+    }
+
+    #[inline(always)]
+    fn fold_fields(&mut self, heap: &Heap, fields: &Fields) -> Result<Option<u32>, ModelError> {
+        let [action, addr, size, stream, time, frames, cc, um, device_free, ..] = *fields;
         let addr = addr.or(device_free).unwrap_or(Value::None);
         let (size, stream) = (size.unwrap_or(Value::None), stream.unwrap_or(Value::None));
         let (time, frames) = (time.unwrap_or(Value::None), frames.unwrap_or(Value::None));

@@ -2,8 +2,11 @@
 //! `EMPTY_DICT MEMOIZE MARK (key value)* SETITEMS`, its keys and values memo gets, short
 //! strings or numbers, and its frames a list of memoized frame dicts.
 //!
-//! It parses the bytes already buffered, in place, and hands the pairs straight to the sink's
-//! `fold_dict`: no heap container, no trip through the VM stack or the dispatch loop. Every
+//! It parses the bytes already buffered, in place, and hands the values straight to the sink:
+//! sorted into its fields as they are read where it folds dicts by a few keys (`Sink::field`,
+//! `fold_fields`: each key's field is learnt with the key, so a value goes to its place with no
+//! pair kept and no second pass), else as pairs to `fold_dict`. No heap container, no trip
+//! through the VM stack or the dispatch loop. Every
 //! check the general machine makes on these opcodes is made here too (memo indexes, string
 //! and memo limits, depth, counts), and what it ends with is what the general machine would:
 //! the same folded id, memo and sink calls. On anything else (another opcode, the end of the
@@ -25,7 +28,7 @@ use super::opcodes as op;
 use super::{Failure, Res, Vm};
 use crate::reader::memo::Memo;
 use crate::reader::value::{Heap, Kind, StrId, Value};
-use crate::reader::{Limits, Sink};
+use crate::reader::{Fields, Limits, MAX_FIELDS, Sink};
 
 /// Most key-value pairs the fast path takes in one dict (a trace entry has 8 or 9).
 const MAX_PAIRS: usize = 16;
@@ -99,7 +102,7 @@ struct List {
 
 impl Default for Scratch {
     fn default() -> Self {
-        let key = Key { word: 0, mask: 0, len: 0, value: Value::None };
+        let key = Key { word: 0, mask: 0, len: 0, value: Value::None, field: NO_FIELD };
         Scratch {
             frames: Vec::new(),
             keys: [key; MAX_PAIRS],
@@ -115,14 +118,18 @@ impl Default for Scratch {
     }
 }
 
-/// A key as its opcode's bytes: BINGET or LONG_BINGET and the memo index, and the string.
+/// A key as its opcode's bytes: BINGET or LONG_BINGET and the memo index, and the string
+/// and its field for the sink ([`Sink::field`]; `NO_FIELD`: none).
 #[derive(Clone, Copy)]
 struct Key {
     word: u64,
     mask: u64,
     len: usize,
     value: Value,
+    field: usize,
 }
+
+const NO_FIELD: usize = usize::MAX;
 
 /// The machine's parts the fast path works on, borrowed apart from the input it reads.
 struct Parts<'v, S> {
@@ -254,8 +261,17 @@ impl<S: Sink> Parts<'_, S> {
     /// The dict after its EMPTY_DICT, up to and including its SETITEMS.
     #[inline]
     fn dict(&mut self, buf: &[u8], at: &mut u64) -> Res<Fast, S::Error> {
+        if self.sink.takes_fields() { self.dict_as::<true>(buf, at) } else { self.dict_as::<false>(buf, at) }
+    }
+
+    /// [`Parts::dict`], its values sorted into the sink's fields as they are read
+    /// (`BY_FIELD`), or kept as pairs.
+    #[inline(always)]
+    fn dict_as<const BY_FIELD: bool>(&mut self, buf: &[u8], at: &mut u64) -> Res<Fast, S::Error> {
         let Some(mut p) = self.open(buf, 0, 0) else { return Ok(Fast::Fallback) };
+        // Only one of the two is used (and the other's filling optimized away).
         let mut items = [Value::None; 2 * MAX_PAIRS];
+        let mut fields: Fields = [None; MAX_FIELDS];
         let mut depth = 0;
         // Keys are matched against the last dict's while they match, and learnt anew after.
         let known = if self.scratch.epoch == self.memo.overwrites() { self.scratch.key_count } else { 0 };
@@ -271,34 +287,55 @@ impl<S: Sink> Parts<'_, S> {
                 return Ok(Fast::Fallback);
             }
             let key = self.scratch.keys[pair.min(MAX_PAIRS - 1)];
-            if learnt.is_none() && pair < known && word(w) & key.mask == key.word {
-                items[2 * pair] = key.value;
+            let field = if learnt.is_none() && pair < known && word(w) & key.mask == key.word {
+                if !BY_FIELD {
+                    items[2 * pair] = key.value;
+                }
                 p += key.len;
+                key.field
             } else {
                 let n = *learnt.get_or_insert_with(|| {
                     let n = pair.min(known);
                     self.scratch.learning[..n].copy_from_slice(&self.scratch.keys[..n]);
                     n
                 });
-                let Some(next) = self.item(buf, p, w, at, &mut items[2 * pair], &mut depth)? else {
+                let mut read = Value::None;
+                let Some(next) = self.item(buf, p, w, at, &mut read, &mut depth)? else {
                     return Ok(Fast::Fallback);
                 };
                 if n == pair {
-                    self.learn(pair, w, next - p, items[2 * pair], &mut learnt);
+                    self.learn(pair, w, next - p, read, &mut learnt);
                 }
                 p = next;
-            }
+                if BY_FIELD {
+                    self.sink.field(read).unwrap_or(NO_FIELD)
+                } else {
+                    items[2 * pair] = read;
+                    NO_FIELD
+                }
+            };
             let Some((w, at_value)) = self.view(buf, p) else { return Ok(Fast::Fallback) };
-            let Some(next) = self.item(buf, at_value, w, at, &mut items[2 * pair + 1], &mut depth)? else {
+            let mut value = Value::None;
+            let Some(next) = self.item(buf, at_value, w, at, &mut value, &mut depth)? else {
                 return Ok(Fast::Fallback);
             };
+            if !BY_FIELD {
+                items[2 * pair + 1] = value;
+            } else if let Some(slot) = fields.get_mut(field) {
+                *slot = Some(value);
+            }
             p = next;
             pair += 1;
         }
         if pair == 0 {
             return Ok(Fast::Fallback);
         }
-        let Some(value) = self.fold(&items[..2 * pair], depth, p, at, Kind::Dict)? else { return Ok(Fast::Fallback) };
+        let folded = if BY_FIELD {
+            self.fold(2 * pair, depth, p, at, Kind::Dict, |sink, heap| sink.fold_fields(heap, &fields))
+        } else {
+            self.fold(2 * pair, depth, p, at, Kind::Dict, |sink, heap| sink.fold_dict(heap, &items[..2 * pair]))
+        };
+        let Some(value) = folded? else { return Ok(Fast::Fallback) };
         if let Some(n) = learnt {
             let s = &mut *self.scratch;
             (s.keys, s.key_count, s.epoch) = (s.learning, n, self.memo.overwrites());
@@ -346,31 +383,31 @@ impl<S: Sink> Parts<'_, S> {
             && let Value::Str(_) = value
         {
             let mask = u64::MAX >> (64 - 8 * len);
-            self.scratch.learning[pair] = Key { word: word(w) & mask, mask, len, value };
+            let field = self.sink.field(value).unwrap_or(NO_FIELD);
+            self.scratch.learning[pair] = Key { word: word(w) & mask, mask, len, value, field };
             *learnt = Some(pair + 1);
         }
     }
 
-    /// Hands a finished container's `items` (whose greatest depth is `depth`) to the sink, as
-    /// the general machine would when its closing opcode (at `p`) places them: within the
-    /// value and depth limits, and with the sink's errors at that opcode. None to fall back.
+    /// Hands a finished container of `count` items (whose greatest depth is `depth`) to the
+    /// sink by `call`, as the general machine would when its closing opcode (at `p`) places
+    /// them: within the value and depth limits, and with the sink's errors at that opcode.
+    /// None to fall back.
     #[inline(always)]
     fn fold(
         &mut self,
-        items: &[Value],
+        count: usize,
         depth: u32,
         p: usize,
         at: &mut u64,
         kind: Kind,
+        call: impl FnOnce(&mut S, &Heap) -> Result<Option<u32>, S::Error>,
     ) -> Res<Option<Value>, S::Error> {
-        if !self.heap.room_for_values(items.len() as u64, self.limits.max_values) || depth >= self.limits.max_depth {
+        if !self.heap.room_for_values(count as u64, self.limits.max_values) || depth >= self.limits.max_depth {
             return Ok(None);
         }
         *at = self.base + p as u64;
-        let folded = match kind {
-            Kind::Dict => self.sink.fold_dict(self.heap, items),
-            _ => self.sink.fold_list(self.heap, items),
-        };
+        let folded = call(self.sink, self.heap);
         let folded = folded.map_err(|error| Failure::Sink { error, offset: *at })?;
         let Some(f) = folded else { return Ok(None) };
         let value = Value::Folded(f);

@@ -53,7 +53,11 @@ impl<S: Sink> Parts<'_, S> {
             depth = depth.max(d);
             p = next;
         };
-        let folded = if complete { self.fold(&items, depth, p, at, Kind::List) } else { Ok(None) };
+        let folded = if complete {
+            self.fold(items.len(), depth, p, at, Kind::List, |sink, heap| sink.fold_list(heap, &items))
+        } else {
+            Ok(None)
+        };
         let count = items.len();
         self.scratch.frames = items;
         let folded = folded?;
