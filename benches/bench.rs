@@ -121,6 +121,39 @@ fn against_pickle(snapshot: &Path) {
         100.0 * rss_share,
         verdict(rss_share <= 0.5)
     );
+    println!("| {} |", final_counters(snapshot));
+}
+
+/// PyTorch's counters at the dump (`memory_stats()`), as the snapshot's generator wrote them.
+const COUNTERS: [(&str, &str); 6] = [
+    ("reserved_bytes", "reserved_bytes.all.current"),
+    ("allocated_bytes", "allocated_bytes.all.current"),
+    ("segments", "segment.all.current"),
+    ("allocations", "allocation.all.current"),
+    ("inactive_split_blocks", "inactive_split.all.current"),
+    ("inactive_split_bytes", "inactive_split_bytes.all.current"),
+];
+
+/// A row saying whether the timed analysis ends with PyTorch's own counters, from the truth
+/// file beside the snapshot or in `../shared` (a fast wrong answer is worth nothing).
+fn final_counters(snapshot: &Path) -> String {
+    let name = snapshot.file_name().unwrap().to_string_lossy().replace(".pickle", ".truth.json");
+    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/real").join(&name);
+    let Some(truth) = [snapshot.with_file_name(&name), shared].into_iter().find_map(|p| std::fs::read(p).ok()) else {
+        return format!("final counters equal PyTorch's | no {name} to check against | not checked");
+    };
+    let truth: serde_json::Value = serde_json::from_slice(&truth).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fragscope")).args(["analyze", "--json"]).arg(snapshot).output().unwrap();
+    let ours: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let last = &ours["devices"][0]["final"];
+    let differ: Vec<String> = COUNTERS
+        .iter()
+        .filter(|(o, t)| last[o] != truth["memory_stats"][t])
+        .map(|(o, t)| format!("{o} {} against {}", last[o], truth["memory_stats"][t]))
+        .collect();
+    let equal = differ.is_empty();
+    let what = if equal { format!("all {} of {name}", COUNTERS.len()) } else { differ.join(", ") };
+    format!("final counters equal PyTorch's | {what} | {}", verdict(equal))
 }
 
 /// In-process: ingest alone, then replay + series + every analysis, then random states.
