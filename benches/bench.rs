@@ -124,15 +124,9 @@ fn against_pickle(snapshot: &Path) {
     println!("| {} |", final_counters(snapshot));
 }
 
-/// PyTorch's counters at the dump (`memory_stats()`), as the snapshot's generator wrote them.
-const COUNTERS: [(&str, &str); 6] = [
-    ("reserved_bytes", "reserved_bytes.all.current"),
-    ("allocated_bytes", "allocated_bytes.all.current"),
-    ("segments", "segment.all.current"),
-    ("allocations", "allocation.all.current"),
-    ("inactive_split_blocks", "inactive_split.all.current"),
-    ("inactive_split_bytes", "inactive_split_bytes.all.current"),
-];
+#[path = "../tests/integration/torch_counters.rs"]
+mod torch_counters;
+use torch_counters::COUNTERS;
 
 /// A row saying whether the timed analysis ends with PyTorch's own counters, from the truth
 /// file beside the snapshot or in `../shared` (a fast wrong answer is worth nothing).

@@ -29,6 +29,7 @@ mod server;
 mod simulate;
 mod split;
 mod team;
+mod torch_counters;
 mod truth;
 mod util;
 mod variants;

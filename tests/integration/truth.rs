@@ -3,19 +3,8 @@
 
 use serde_json::{Value, json};
 
+use crate::torch_counters::COUNTERS;
 use crate::util::*;
-
-/// Our `final` keys and the torch counters they must equal.
-const COUNTERS: [(&str, &str); 8] = [
-    ("reserved_bytes", "reserved_bytes.all.current"),
-    ("allocated_bytes", "allocated_bytes.all.current"),
-    ("active_bytes", "active_bytes.all.current"),
-    ("requested_bytes", "requested_bytes.all.current"),
-    ("segments", "segment.all.current"),
-    ("allocations", "allocation.all.current"),
-    ("inactive_split_blocks", "inactive_split.all.current"),
-    ("inactive_split_bytes", "inactive_split_bytes.all.current"),
-];
 
 /// torch's memory_stats for one device: two_devices keeps one per device.
 fn stats_for(truth: &Value, device: i64) -> &Value {

@@ -6,9 +6,9 @@
 //! sorted into its fields as they are read where it folds dicts by a few keys (`Sink::field`,
 //! `fold_fields`: each key's field is learnt with the key, so a value goes to its place with no
 //! pair kept and no second pass), else as pairs to `fold_dict`. No heap container, no trip
-//! through the VM stack or the dispatch loop. Every
-//! check the general machine makes on these opcodes is made here too (memo indexes, string
-//! and memo limits, depth, counts), and what it ends with is what the general machine would:
+//! through the VM stack or the dispatch loop. Every check the general machine makes on these
+//! opcodes is made here too (memo indexes, string and memo limits, depth, counts), and what
+//! it ends with is what the general machine would:
 //! the same folded id, memo and sink calls. On anything else (another opcode, the end of the
 //! buffer, a limit within reach, a dict the sink does not fold) it undoes its memo puts and
 //! the general machine reads the same bytes from the start, so values, errors and offsets
