@@ -31,8 +31,7 @@ struct Pass<'a, 'p> {
     series: bool,
     ooms: OomObserver<'a>,
     /// None: the steps' peaks are read from the series afterwards.
-    phases: Option<&'p phases::Phases>,
-    steps: breakdown::StepPeaks,
+    peaks: Option<Peaks<'p>>,
     capture: Option<memory::Capture>,
     /// The replay keeps no checkpoints: the capture keeps copies of its own.
     copies: bool,
@@ -44,8 +43,8 @@ impl Observer for Pass<'_, '_> {
     }
 
     fn event(&mut self, index: usize, e: &Event, state: &State) {
-        if let Some(phases) = self.phases {
-            self.steps.event(index, phases, state.totals.allocated_bytes);
+        if let Some(peaks) = &mut self.peaks {
+            peaks.event(index, state.totals.allocated_bytes);
         }
         if let Some(c) = &mut self.capture {
             c.event(index, e, state);
@@ -62,8 +61,9 @@ impl Observer for Pass<'_, '_> {
 /// Replays device `d` once, with what needs only its events worked out on the other core.
 pub(super) fn replay_device<'a>(snapshot: &'a Snapshot, d: &Device, depth: Depth) -> Replayed<'a> {
     let serve = depth == Depth::Serve;
-    // The phases: a report's replay reads them, a server's reads them after its series (the
-    // backward pass takes a third of their time, and the replay need not wait).
+    // The phases: a report's replay reads them as soon as they are known (`Peaks`), a
+    // server's after its series (the backward pass takes a third of their time, and the
+    // replay need not wait for them).
     let phases = std::sync::OnceLock::new();
     // Outside the scope, so that its memory outlives the thread that faults it in.
     let mut timeline = Timeline::new(if serve { snapshot.device_events(d).len() } else { 0 });
@@ -91,6 +91,9 @@ pub(super) fn replay_device<'a>(snapshot: &'a Snapshot, d: &Device, depth: Depth
         let _ = tx_before.send(memory::live_blocks(start.initial()).cloned().collect());
         // Where the other thread failed, this one works the phases out itself.
         let wait_phases = || {
+            if let Some(p) = phases.get() {
+                return p;
+            }
             let _ = rx_ready.recv();
             phases.get_or_init(|| memory::phases(snapshot, d))
         };
@@ -98,17 +101,16 @@ pub(super) fn replay_device<'a>(snapshot: &'a Snapshot, d: &Device, depth: Depth
             timeline: &mut timeline,
             series: serve,
             ooms: OomObserver { snapshot, first: d.events.start, ooms: Vec::new(), count: 0, first_state: None },
-            // Without steps (no optimizer ranges, no step markers) there are no peaks to take.
-            phases: if serve { None } else { Some(wait_phases()).filter(|p| p.steps > 0) },
-            steps: breakdown::StepPeaks::default(),
+            peaks: (!serve).then(|| Peaks::new(phases, &wait_phases)),
             capture: None,
             copies: depth == Depth::Report,
         };
         let replay = start.run(snapshot, d, &mut pass, depth != Depth::Report);
-        let Pass { ooms, mut steps, capture, .. } = pass;
-        if serve {
-            steps = breakdown::StepPeaks::from_allocated(wait_phases(), &timeline.allocated_bytes);
-        }
+        let Pass { timeline, ooms, peaks, capture, .. } = pass;
+        let steps = match peaks {
+            Some(peaks) => peaks.finish(),
+            None => breakdown::StepPeaks::from_allocated(wait_phases(), &timeline.allocated_bytes),
+        };
         (replay, (ooms, steps, capture), side.join().ok().flatten())
     });
     let (ooms, steps, capture) = pass;
@@ -123,6 +125,70 @@ pub(super) fn replay_device<'a>(snapshot: &'a Snapshot, d: &Device, depth: Depth
         timeline.time_us = times;
     }
     Replayed { replay, timeline, ooms, steps, capture, phases, labels, freed, actions }
+}
+
+/// The steps' peaks of allocated bytes, taken as the replay goes where there is no series to
+/// read them from after. The phases say which event is in which step; until the other thread
+/// has them, the bytes after each event are kept aside, so the replay need not wait for them
+/// (it waited a tenth of a report's analysis on big_trace). At most [`EARLY_MAX`] are:
+/// past that, it waits.
+struct Peaks<'p> {
+    phases: &'p std::sync::OnceLock<phases::Phases>,
+    wait: &'p dyn Fn() -> &'p phases::Phases,
+    /// Once known.
+    ready: Option<&'p phases::Phases>,
+    /// The allocated bytes after each event from `first`, while the phases are not known.
+    early: Vec<u64>,
+    first: usize,
+    steps: breakdown::StepPeaks,
+}
+
+/// Events whose bytes are kept aside while the phases are worked out: 8 MiB, a third of a
+/// 3-million-event trace; on a machine whose other core is busy, the replay waits there.
+const EARLY_MAX: usize = 1 << 20;
+
+impl<'p> Peaks<'p> {
+    fn new(phases: &'p std::sync::OnceLock<phases::Phases>, wait: &'p dyn Fn() -> &'p phases::Phases) -> Self {
+        Peaks { phases, wait, ready: phases.get(), early: Vec::new(), first: 0, steps: Default::default() }
+    }
+
+    fn event(&mut self, index: usize, allocated: u64) {
+        if let Some(p) = self.ready {
+            // Without steps (no optimizer ranges, no step markers) there are no peaks to take.
+            if p.steps > 0 {
+                self.steps.event(index, p, allocated);
+            }
+            return;
+        }
+        if self.early.is_empty() {
+            self.first = index;
+        }
+        self.early.push(allocated);
+        if self.early.len() % 4096 == 0 {
+            let known = if self.early.len() >= EARLY_MAX { Some((self.wait)()) } else { self.phases.get() };
+            if let Some(p) = known {
+                self.catch_up(p);
+            }
+        }
+    }
+
+    fn catch_up(&mut self, p: &'p phases::Phases) {
+        if p.steps > 0 {
+            for (k, &bytes) in self.early.iter().enumerate() {
+                self.steps.event(self.first + k, p, bytes);
+            }
+        }
+        self.early = Vec::new();
+        self.ready = Some(p);
+    }
+
+    fn finish(mut self) -> breakdown::StepPeaks {
+        if self.ready.is_none() {
+            let p = self.phases.get().unwrap_or_else(|| (self.wait)());
+            self.catch_up(p);
+        }
+        self.steps
+    }
 }
 
 /// What a device's analysis needs besides the replay: every allocation's category, the event
@@ -151,5 +217,45 @@ impl EventsWork {
         let labels = categories::label(snapshot, events, phases, &before()?, &freed);
         let actions = super::actions::count_actions(events);
         Some(EventsWork { labels, freed, times, actions })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Wherever in the trace the phases become known (before the first event, on a check,
+    /// between checks, only at the end), the steps' peaks are those of the whole series.
+    #[test]
+    fn peaks_taken_before_the_phases_are_known_are_those_of_the_series() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ddp_rank0.pickle");
+        let s = crate::ingest::ingest_path(std::path::Path::new(path), &Default::default()).unwrap().snapshot;
+        let d = &s.devices[0];
+        let served = super::super::analyze(&s, Default::default(), Depth::Serve);
+        let allocated = &served.timelines[0].allocated_bytes;
+        let phases = memory::phases(&s, d);
+        assert!(phases.steps > 1 && allocated.len() > 4096, "a trace of steps, past a check");
+        let json = |steps: breakdown::StepPeaks| serde_json::to_string(&steps.finish(&phases)).unwrap();
+        let want = json(breakdown::StepPeaks::from_allocated(&phases, allocated));
+        for known in [0, 1, 4095, 4096, 4097, allocated.len()] {
+            let cell = std::sync::OnceLock::new();
+            let waited = std::cell::Cell::new(false);
+            let wait = || {
+                waited.set(true);
+                cell.get_or_init(|| phases.clone())
+            };
+            if known == 0 {
+                cell.get_or_init(|| phases.clone());
+            }
+            let mut peaks = Peaks::new(&cell, &wait);
+            for (i, &bytes) in allocated.iter().enumerate() {
+                if i == known && known > 0 {
+                    cell.get_or_init(|| phases.clone());
+                }
+                peaks.event(i, bytes);
+            }
+            assert_eq!(json(peaks.finish()), want, "phases known at event {known}");
+            assert_eq!(waited.get(), known == allocated.len(), "waited only when never known");
+        }
     }
 }
