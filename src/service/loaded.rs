@@ -8,11 +8,14 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use crate::analysis::breakdown::Breakdown;
-use crate::analysis::{self, Depth, map};
+use crate::analysis::{self, Depth, active, map};
 use crate::ingest;
 use crate::replay::Replay;
 use crate::snapshot::Snapshot;
 use crate::store::Store;
+
+use super::ServiceError;
+use super::views::{ActiveBy, ActiveQuery};
 
 pub struct Entry {
     pub snapshot: Snapshot,
@@ -20,13 +23,47 @@ pub struct Entry {
     pub replays: Vec<Replay>,
     /// Per device: phases and a category for every allocation (breakdowns at any event).
     pub indexes: Vec<crate::analysis::memory::Index>,
+    /// Per device, the charts of active memory a page opens first, made with the entry.
+    first_charts: Vec<FirstCharts>,
+}
+
+/// Columns of the chart of active memory the page asks for (`ACTIVE_POINTS` in
+/// static/js/data/requests.js), at any width of its canvas.
+pub const PAGE_ACTIVE_POINTS: usize = 500;
+/// The groups it shows by name.
+const PAGE_ACTIVE_TOP: usize = 8;
+
+/// A device's whole trace as the page's chart of active memory shows it, by call site and
+/// by category, as JSON: made once with the entry, since it walks every event (a tenth of a
+/// second on three million, the slowest of a page's first requests) and a shared link opens
+/// it on each first load.
+struct FirstCharts {
+    site: Vec<u8>,
+    category: Vec<u8>,
 }
 
 impl Entry {
+    /// The entry of an analysed snapshot, with the charts a page opens first.
+    pub fn new(snapshot: Snapshot, replays: Vec<Replay>, indexes: Vec<crate::analysis::memory::Index>) -> Entry {
+        let mut entry = Entry { snapshot, replays, indexes, first_charts: Vec::new() };
+        entry.first_charts = (0..entry.snapshot.devices.len())
+            .map(|i| {
+                let whole = |by| {
+                    let q =
+                        ActiveQuery { start: None, end: None, points: PAGE_ACTIVE_POINTS, top: PAGE_ACTIVE_TOP, by };
+                    entry.chart(i, q).unwrap_or_default()
+                };
+                FirstCharts { site: whole(ActiveBy::Site), category: whole(ActiveBy::Category) }
+            })
+            .collect();
+        entry
+    }
+
     /// About what it holds in memory: the events, the replays' checkpoints, the indexes.
     pub fn bytes(&self) -> u64 {
         self.snapshot.event_bytes()
             + self.indexes.iter().map(|i| i.bytes()).sum::<u64>()
+            + self.first_charts.iter().map(|c| (c.site.len() + c.category.len()) as u64).sum::<u64>()
             + self
                 .replays
                 .iter()
@@ -36,6 +73,35 @@ impl Entry {
 
     pub fn device(&self, device: i64) -> Option<(usize, &crate::snapshot::Device)> {
         self.snapshot.devices.iter().enumerate().find(|(_, d)| d.device == device)
+    }
+
+    /// Device `i`'s live bytes over events, grouped, as JSON: the page's first chart as made
+    /// with the entry, any other now.
+    pub fn active(&self, i: usize, q: ActiveQuery) -> Result<Vec<u8>, ServiceError> {
+        let n = self.snapshot.device_events(&self.snapshot.devices[i]).len();
+        let whole = q.start.unwrap_or(0) == 0 && q.end.is_none_or(|e| e >= n);
+        if whole && q.points == PAGE_ACTIVE_POINTS && q.top == PAGE_ACTIVE_TOP {
+            let made = self.first_charts.get(i).map(|c| if q.by == ActiveBy::Site { &c.site } else { &c.category });
+            if let Some(made) = made.filter(|m| !m.is_empty()) {
+                return Ok(made.clone());
+            }
+        }
+        self.chart(i, q)
+    }
+
+    fn chart(&self, i: usize, q: ActiveQuery) -> Result<Vec<u8>, ServiceError> {
+        let d = &self.snapshot.devices[i];
+        let n = self.snapshot.device_events(d).len();
+        let (start, end) = (q.start.unwrap_or(0), q.end.unwrap_or(n).min(n));
+        if start > end {
+            return Err(ServiceError::Invalid(format!("start {start} is after end {end}")));
+        }
+        let group = match q.by {
+            ActiveBy::Site => active::Group::Site,
+            ActiveBy::Category => active::Group::Category(&self.indexes[i].labels),
+        };
+        let shown = active::active_by(&self.snapshot, d, &self.replays[i], start..end, q.points, q.top, group);
+        serde_json::to_vec(&shown).map_err(|e| ServiceError::internal("writing live bytes")(e.into()))
     }
 
     /// Device `i`'s segment map right after `event` (None: the final `segments`), each live
@@ -143,11 +209,7 @@ impl Loaded {
         let entry = tokio::task::spawn_blocking(move || {
             let ingested = ingest::ingest(file, &options)?;
             let analyzed = analysis::analyze(&ingested.snapshot, ingested.source, Depth::Index);
-            Ok::<_, super::ServiceError>(Entry {
-                snapshot: ingested.snapshot,
-                replays: analyzed.replays,
-                indexes: analyzed.indexes,
-            })
+            Ok::<_, super::ServiceError>(Entry::new(ingested.snapshot, analyzed.replays, analyzed.indexes))
         })
         .await
         .map_err(|e| super::ServiceError::internal("parsing a snapshot again")(e.into()))??;
@@ -191,5 +253,36 @@ mod tests {
         let entry = tokio::time::timeout(std::time::Duration::from_secs(30), load).await.unwrap().unwrap();
         assert!(!entry.snapshot.devices.is_empty());
         assert!(loaded.get(&sha).is_some(), "kept for the next query");
+    }
+
+    /// The page's first chart, made with the entry, is the chart made on demand; any other
+    /// query (a part of the trace, another resolution) is made on demand. The page asks for
+    /// the resolution the entry makes.
+    #[test]
+    fn the_first_chart_made_with_the_entry_is_the_chart_made_on_demand() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/seed_frag_buffer.pickle");
+        let s = ingest::ingest_path(std::path::Path::new(path), &Default::default()).unwrap().snapshot;
+        let analyzed = analysis::analyze(&s, Default::default(), Depth::Index);
+        let entry = Entry::new(s, analyzed.replays, analyzed.indexes);
+        let n = entry.snapshot.device_events(&entry.snapshot.devices[0]).len();
+        let q = |start, end, points, by| ActiveQuery { start, end, points, top: PAGE_ACTIVE_TOP, by };
+        let (site, category) = (&entry.first_charts[0].site, &entry.first_charts[0].category);
+        assert_ne!(site, category, "by site and by category differ on this trace");
+        for (by, made) in [(ActiveBy::Site, site), (ActiveBy::Category, category)] {
+            let now = entry.chart(0, q(None, None, PAGE_ACTIVE_POINTS, by)).unwrap();
+            assert_eq!(made, &now);
+            for asked in [q(None, None, PAGE_ACTIVE_POINTS, by), q(Some(0), Some(n), PAGE_ACTIVE_POINTS, by)] {
+                assert_eq!(&entry.active(0, asked).unwrap(), made, "{asked:?}");
+            }
+            for other in [q(Some(1), None, PAGE_ACTIVE_POINTS, by), q(None, None, 5, by)] {
+                assert_eq!(entry.active(0, other).unwrap(), entry.chart(0, other).unwrap());
+                assert_ne!(&entry.active(0, other).unwrap(), made, "{other:?}");
+            }
+        }
+        let js = include_str!("../../static/js/data/requests.js");
+        assert!(
+            js.contains(&format!("export const ACTIVE_POINTS = {PAGE_ACTIVE_POINTS};")),
+            "the page asks for another resolution"
+        );
     }
 }

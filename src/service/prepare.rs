@@ -66,7 +66,7 @@ pub fn prepare(ingested: ingest::Ingested) -> Result<Prepared, AnalysisError> {
     let sha256 = ingested.source.sha256.clone().unwrap_or_default();
     let snap = ingested.snapshot;
     let analyzed = analysis::analyze(&snap, ingested.source, Depth::Serve);
-    let entry = Entry { snapshot: snap, replays: analyzed.replays, indexes: analyzed.indexes };
+    let entry = Entry::new(snap, analyzed.replays, analyzed.indexes);
     // The maps a page opens first: the end of each device, and the first OOMs (any other
     // event's map is made on demand).
     let mut maps = Vec::new();

@@ -2,13 +2,14 @@
 //! segment map, breakdown, icicle and pinners at an event, a page of events, a stack's frames,
 //! live bytes by call site or category, and a what-if replay. Each is computed on the parsed
 //! snapshot (parsed again if it is not held) off the async threads: replaying and aggregating
-//! are CPU work. The end of a device, stored at analysis time, is read from the store.
+//! are CPU work. The end of a device, stored at analysis time, is read from the store; the
+//! chart of active memory a page opens first was made with the parsed snapshot (`loaded`).
 
 use serde::Serialize;
 
 use crate::analysis::breakdown::Breakdown;
 use crate::analysis::flame::Flame;
-use crate::analysis::{active, gaps, map};
+use crate::analysis::{gaps, map};
 use crate::snapshot::{Device, sites};
 
 use super::loaded::Entry;
@@ -189,20 +190,7 @@ impl Service {
 
     /// Live bytes of a device over events, grouped, as JSON.
     pub async fn active(&self, row: &SnapshotRow, device: i64, q: ActiveQuery) -> Result<Vec<u8>, ServiceError> {
-        self.on_device(row, device, move |entry, i, d| {
-            let n = entry.snapshot.device_events(d).len();
-            let (start, end) = (q.start.unwrap_or(0), q.end.unwrap_or(n).min(n));
-            if start > end {
-                return Err(ServiceError::Invalid(format!("start {start} is after end {end}")));
-            }
-            let group = match q.by {
-                ActiveBy::Site => active::Group::Site,
-                ActiveBy::Category => active::Group::Category(&entry.indexes[i].labels),
-            };
-            let shown = active::active_by(&entry.snapshot, d, &entry.replays[i], start..end, q.points, q.top, group);
-            serde_json::to_vec(&shown).map_err(|e| ServiceError::internal("writing live bytes")(e.into()))
-        })
-        .await
+        self.on_device(row, device, move |entry, i, _| entry.active(i, q)).await
     }
 
     /// A device's trace replayed through the allocator model under other settings. The caller

@@ -214,7 +214,7 @@ function ready() {
     const [start, end] = state.range || [0, events()];
     const by = activeBy(state.colour);
     document.getElementById("active-by").textContent = by === "category" ? "by what it holds" : "by call site";
-    const r = await take(activeUrl(api, state.device, [start, end], canvas.clientWidth, by));
+    const r = await take(activeUrl(api, state.device, [start, end], by));
     if (!r.ok) return;
     activeData = await r.json();
     drawActive(canvas, document.getElementById("active-legend"), activeData);

@@ -201,8 +201,9 @@ test("the first view fills the fragment's gaps, and its requests are the same UR
   assert.equal(timelineUrl(api, 0, [0, 100], 1150.4), "/api/v1/snapshots/x/devices/0/timeline?start=0&end=100&points=1150&format=bin");
   assert.match(timelineUrl(api, 0, [0, 100], 10), /points=50&/);
   assert.match(timelineUrl(api, 0, [0, 100], 9000), /points=4000&/);
-  assert.equal(activeUrl(api, 0, [5, 9], 1150, "site"), "/api/v1/snapshots/x/devices/0/active?start=5&end=9&points=575&top=8&by=site");
-  assert.match(activeUrl(api, 0, [5, 9], 5000, "category"), /points=1000&top=8&by=category$/);
+  // The chart's resolution is the one the server makes with the analysis, at any width.
+  assert.equal(activeUrl(api, 0, [5, 9], "site"), "/api/v1/snapshots/x/devices/0/active?start=5&end=9&points=500&top=8&by=site");
+  assert.match(activeUrl(api, 0, [0, 100], "category"), /points=500&top=8&by=category$/);
   // The chart follows the map's colouring: by category, else by call site.
   assert.deepEqual([activeBy("category"), activeBy("site"), activeBy(null)], ["category", "site", "site"]);
 });

@@ -39,9 +39,13 @@ export function timelineUrl(api, device, [start, end], width) {
 /** What the chart of active memory is split by for a view's colouring. */
 export const activeBy = (colour) => (colour === "category" ? "category" : "site");
 
-/** The chart of active memory over `[start, end]`, a point per two pixels, by call site or
- *  by what the blocks hold. */
-export function activeUrl(api, device, [start, end], width, by) {
-  const points = Math.max(50, Math.min(1000, Math.round(width / 2)));
-  return `${api}/devices/${device}/active?start=${start}&end=${end}&points=${points}&top=8&by=${by}`;
+/** Columns of the chart of active memory, whatever the canvas's width (about two pixels each
+ *  on a laptop's screen): the server makes the whole trace's chart at this resolution with
+ *  the analysis (`service::views::PAGE_ACTIVE_POINTS`), so a first load need not walk every
+ *  event for it. */
+export const ACTIVE_POINTS = 500;
+
+/** The chart of active memory over `[start, end]`, by call site or by what the blocks hold. */
+export function activeUrl(api, device, [start, end], by) {
+  return `${api}/devices/${device}/active?start=${start}&end=${end}&points=${ACTIVE_POINTS}&top=8&by=${by}`;
 }

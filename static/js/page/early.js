@@ -34,9 +34,8 @@ function start() {
   const range = view.range || [0, events];
   const urls = [stateUrl(api, view.device, view.event), pinnersUrl(api, view.device, view.event)];
   const timeline = document.getElementById("timeline");
-  const active = document.getElementById("active");
   if (timeline) urls.push(timelineUrl(api, view.device, range, timeline.clientWidth));
-  if (active) urls.push(activeUrl(api, view.device, range, active.clientWidth, activeBy(view.colour)));
+  if (document.getElementById("active")) urls.push(activeUrl(api, view.device, range, activeBy(view.colour)));
   for (const url of urls) {
     const r = fetch(url);
     r.catch(() => {});
