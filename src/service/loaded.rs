@@ -23,8 +23,9 @@ pub struct Entry {
     pub replays: Vec<Replay>,
     /// Per device: phases and a category for every allocation (breakdowns at any event).
     pub indexes: Vec<crate::analysis::memory::Index>,
-    /// Per device, the charts of active memory a page opens first, made with the entry.
-    first_charts: Vec<FirstCharts>,
+    /// Per device, the charts of active memory a page opens first, once made
+    /// ([`Entry::make_first_charts`]).
+    first_charts: std::sync::OnceLock<Vec<FirstCharts>>,
 }
 
 /// Columns of the chart of active memory the page asks for (`ACTIVE_POINTS` in
@@ -34,36 +35,44 @@ pub const PAGE_ACTIVE_POINTS: usize = 500;
 const PAGE_ACTIVE_TOP: usize = 8;
 
 /// A device's whole trace as the page's chart of active memory shows it, by call site and
-/// by category, as JSON: made once with the entry, since it walks every event (a tenth of a
-/// second on three million, the slowest of a page's first requests) and a shared link opens
-/// it on each first load.
+/// by category, as JSON: made once, beside the entry's first use, since it walks every event
+/// (30-50 ms on three million, three times that while a browser shares the cores: the slowest
+/// of a page's first requests) and a shared link opens it on each first load.
 struct FirstCharts {
     site: Vec<u8>,
     category: Vec<u8>,
 }
 
 impl Entry {
-    /// The entry of an analysed snapshot, with the charts a page opens first.
+    /// The entry of an analysed snapshot.
     pub fn new(snapshot: Snapshot, replays: Vec<Replay>, indexes: Vec<crate::analysis::memory::Index>) -> Entry {
-        let mut entry = Entry { snapshot, replays, indexes, first_charts: Vec::new() };
-        entry.first_charts = (0..entry.snapshot.devices.len())
-            .map(|i| {
-                let whole = |by| {
-                    let q =
-                        ActiveQuery { start: None, end: None, points: PAGE_ACTIVE_POINTS, top: PAGE_ACTIVE_TOP, by };
-                    entry.chart(i, q).unwrap_or_default()
-                };
-                FirstCharts { site: whole(ActiveBy::Site), category: whole(ActiveBy::Category) }
-            })
-            .collect();
-        entry
+        Entry { snapshot, replays, indexes, first_charts: std::sync::OnceLock::new() }
     }
 
-    /// About what it holds in memory: the events, the replays' checkpoints, the indexes.
+    /// Makes the charts a page opens first (blocking: off the async threads). The server
+    /// calls it once the entry is ready, not before: the upload's `ready` does not wait for
+    /// it, and a page that asks sooner has its chart made on demand.
+    pub fn make_first_charts(&self) {
+        self.first_charts.get_or_init(|| {
+            (0..self.snapshot.devices.len())
+                .map(|i| {
+                    let whole = |by| {
+                        let (points, top) = (PAGE_ACTIVE_POINTS, PAGE_ACTIVE_TOP);
+                        self.chart(i, ActiveQuery { start: None, end: None, points, top, by }).unwrap_or_default()
+                    };
+                    FirstCharts { site: whole(ActiveBy::Site), category: whole(ActiveBy::Category) }
+                })
+                .collect()
+        });
+    }
+
+    /// About what it holds in memory: the events, the replays' checkpoints, the indexes, the
+    /// first charts.
     pub fn bytes(&self) -> u64 {
+        let charts = self.first_charts.get().map_or(0, |c| c.iter().map(|c| c.site.len() + c.category.len()).sum());
         self.snapshot.event_bytes()
             + self.indexes.iter().map(|i| i.bytes()).sum::<u64>()
-            + self.first_charts.iter().map(|c| (c.site.len() + c.category.len()) as u64).sum::<u64>()
+            + charts as u64
             + self
                 .replays
                 .iter()
@@ -81,7 +90,8 @@ impl Entry {
         let n = self.snapshot.device_events(&self.snapshot.devices[i]).len();
         let whole = q.start.unwrap_or(0) == 0 && q.end.is_none_or(|e| e >= n);
         if whole && q.points == PAGE_ACTIVE_POINTS && q.top == PAGE_ACTIVE_TOP {
-            let made = self.first_charts.get(i).map(|c| if q.by == ActiveBy::Site { &c.site } else { &c.category });
+            let made = self.first_charts.get().and_then(|c| c.get(i));
+            let made = made.map(|c| if q.by == ActiveBy::Site { &c.site } else { &c.category });
             if let Some(made) = made.filter(|m| !m.is_empty()) {
                 return Ok(made.clone());
             }
@@ -215,6 +225,8 @@ impl Loaded {
         .map_err(|e| super::ServiceError::internal("parsing a snapshot again")(e.into()))??;
         let entry = Arc::new(entry);
         self.put(sha256, entry.clone());
+        let making = entry.clone();
+        tokio::task::spawn_blocking(move || making.make_first_charts());
         Ok(entry)
     }
 }
@@ -255,18 +267,24 @@ mod tests {
         assert!(loaded.get(&sha).is_some(), "kept for the next query");
     }
 
-    /// The page's first chart, made with the entry, is the chart made on demand; any other
+    /// The page's first chart, once made, is the chart made on demand; any other
     /// query (a part of the trace, another resolution) is made on demand. The page asks for
     /// the resolution the entry makes.
     #[test]
-    fn the_first_chart_made_with_the_entry_is_the_chart_made_on_demand() {
+    fn the_first_chart_once_made_is_the_chart_made_on_demand() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/seed_frag_buffer.pickle");
         let s = ingest::ingest_path(std::path::Path::new(path), &Default::default()).unwrap().snapshot;
         let analyzed = analysis::analyze(&s, Default::default(), Depth::Index);
         let entry = Entry::new(s, analyzed.replays, analyzed.indexes);
         let n = entry.snapshot.device_events(&entry.snapshot.devices[0]).len();
         let q = |start, end, points, by| ActiveQuery { start, end, points, top: PAGE_ACTIVE_TOP, by };
-        let (site, category) = (&entry.first_charts[0].site, &entry.first_charts[0].category);
+        let before = entry.active(0, q(None, None, PAGE_ACTIVE_POINTS, ActiveBy::Site)).unwrap();
+        let held = entry.bytes();
+        entry.make_first_charts();
+        assert!(entry.bytes() > held, "the charts are counted in the entry's memory");
+        let made = &entry.first_charts.get().unwrap()[0];
+        let (site, category) = (&made.site, &made.category);
+        assert_eq!(&before, site, "asked before they are made, the same chart");
         assert_ne!(site, category, "by site and by category differ on this trace");
         for (by, made) in [(ActiveBy::Site, site), (ActiveBy::Category, category)] {
             let now = entry.chart(0, q(None, None, PAGE_ACTIVE_POINTS, by)).unwrap();

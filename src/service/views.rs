@@ -3,7 +3,7 @@
 //! live bytes by call site or category, and a what-if replay. Each is computed on the parsed
 //! snapshot (parsed again if it is not held) off the async threads: replaying and aggregating
 //! are CPU work. The end of a device, stored at analysis time, is read from the store; the
-//! chart of active memory a page opens first was made with the parsed snapshot (`loaded`).
+//! chart of active memory a page opens first is made once the snapshot is ready (`loaded`).
 
 use serde::Serialize;
 
