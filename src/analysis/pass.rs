@@ -164,7 +164,7 @@ impl<'p> Peaks<'p> {
             self.first = index;
         }
         self.early.push(allocated);
-        if self.early.len() % 4096 == 0 {
+        if self.early.len().is_multiple_of(4096) {
             let known = if self.early.len() >= EARLY_MAX { Some((self.wait)()) } else { self.phases.get() };
             if let Some(p) = known {
                 self.catch_up(p);

@@ -35,7 +35,7 @@ pub const PAGE_ACTIVE_POINTS: usize = 500;
 const PAGE_ACTIVE_TOP: usize = 8;
 
 /// A device's whole trace as the page's chart of active memory shows it, by call site and
-/// by category, as JSON: made once, beside the entry's first use, since it walks every event
+/// by category, as JSON: made once the entry is kept (not on its way to `ready`), since it walks every event
 /// (30-50 ms on three million, three times that while a browser shares the cores: the slowest
 /// of a page's first requests) and a shared link opens it on each first load.
 struct FirstCharts {
@@ -49,9 +49,8 @@ impl Entry {
         Entry { snapshot, replays, indexes, first_charts: std::sync::OnceLock::new() }
     }
 
-    /// Makes the charts a page opens first (blocking: off the async threads). The server
-    /// calls it once the entry is ready, not before: the upload's `ready` does not wait for
-    /// it, and a page that asks sooner has its chart made on demand.
+    /// Makes the charts a page opens first (blocking: off the async threads). [`Loaded::put`]
+    /// calls it once the entry is kept, not before: an upload's `ready` does not wait for it.
     pub fn make_first_charts(&self) {
         self.first_charts.get_or_init(|| {
             (0..self.snapshot.devices.len())
@@ -85,7 +84,7 @@ impl Entry {
     }
 
     /// Device `i`'s live bytes over events, grouped, as JSON: the page's first chart as made
-    /// with the entry, any other now.
+    /// once the entry was kept, any other (or that one, not made yet) now.
     pub fn active(&self, i: usize, q: ActiveQuery) -> Result<Vec<u8>, ServiceError> {
         let n = self.snapshot.device_events(&self.snapshot.devices[i]).len();
         let whole = q.start.unwrap_or(0) == 0 && q.end.is_none_or(|e| e >= n);
@@ -178,7 +177,14 @@ impl Loaded {
         Some(entry)
     }
 
+    /// Keeps `entry`, and makes the charts a page opens first on a blocking thread (where a
+    /// runtime runs this): whoever put it has its answer already; a page that asks sooner has
+    /// its chart made on demand.
     pub fn put(&self, id: &str, entry: Arc<Entry>) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let making = entry.clone();
+            runtime.spawn_blocking(move || making.make_first_charts());
+        }
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         entries.retain(|(k, _)| k != id);
         entries.push_front((id.to_string(), entry));
@@ -225,8 +231,6 @@ impl Loaded {
         .map_err(|e| super::ServiceError::internal("parsing a snapshot again")(e.into()))??;
         let entry = Arc::new(entry);
         self.put(sha256, entry.clone());
-        let making = entry.clone();
-        tokio::task::spawn_blocking(move || making.make_first_charts());
         Ok(entry)
     }
 }
@@ -265,6 +269,12 @@ mod tests {
         let entry = tokio::time::timeout(std::time::Duration::from_secs(30), load).await.unwrap().unwrap();
         assert!(!entry.snapshot.devices.is_empty());
         assert!(loaded.get(&sha).is_some(), "kept for the next query");
+        // Kept, it has the charts a page opens first made beside.
+        let made = std::time::Instant::now();
+        while entry.first_charts.get().is_none() {
+            assert!(made.elapsed() < std::time::Duration::from_secs(30), "the first charts were never made");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
     }
 
     /// The page's first chart, once made, is the chart made on demand; any other

@@ -279,10 +279,7 @@ impl Worker {
         let recorded = match outcome {
             Ok((verdict, summary, entry)) => {
                 tracing::info!(id, bytes = row.bytes, seconds = started.elapsed().as_secs_f64(), verdict, "analysed");
-                let entry = Arc::new(entry);
-                loaded.put(id, entry.clone());
-                // Ready without them: a page that asks sooner has its chart made on demand.
-                tokio::task::spawn_blocking(move || entry.make_first_charts());
+                loaded.put(id, Arc::new(entry));
                 Outcome { status: Status::Ready, error: None, verdict: Some(verdict), summary }
             }
             Err(e) => {
