@@ -88,7 +88,12 @@ pub fn machine() -> String {
         format!("idle (load {load:.2})")
     };
     let probe = fragscope::machine::cores::probe();
-    let second = if probe.second_core_free() { "free" } else { "not free" };
+    // As the reader decides: one probe, or up to two more where it finds the core busy.
+    let second = if probe.second_core_free() || fragscope::machine::cores::second_core_free() {
+        "free"
+    } else {
+        "not free"
+    };
     format!(
         "machine: {model}, {cores} cores available, {busy}; second core {second} (a thread beside this one kept {}% of \
          its lone pace, this one {}%)",

@@ -87,11 +87,11 @@ impl TwoParts {
     }
 
     /// Whether a file that qualifies is read in two parts now: where `measure` is set, only if
-    /// a second core is free at the moment (`machine::cores::probe`, 5 ms). Two parts take a
-    /// quarter more CPU time in all (the later part's walk to its start, the copies it takes
-    /// in), which a busy second core does not win back.
+    /// a second core is free at the moment (`machine::cores::second_core_free`, 5 ms where it
+    /// is, 15 where it is not). Two parts take a quarter more CPU time in all (the later part's
+    /// walk to its start, the copies it takes in), which a busy second core does not win back.
     fn now(&self) -> bool {
-        !self.measure || crate::machine::cores::probe().second_core_free()
+        !self.measure || crate::machine::cores::second_core_free()
     }
 }
 
