@@ -88,12 +88,8 @@ pub fn machine() -> String {
         format!("idle (load {load:.2})")
     };
     let probe = fragscope::machine::cores::probe();
-    // As the reader decides: one probe, or up to two more where it finds the core busy.
-    let second = if probe.second_core_free() || fragscope::machine::cores::second_core_free() {
-        "free"
-    } else {
-        "not free"
-    };
+    // As the reader decides: up to two more probes where this one finds the core busy.
+    let second = if fragscope::machine::cores::free_after(&probe) { "free" } else { "not free" };
     format!(
         "machine: {model}, {cores} cores available, {busy}; second core {second} (a thread beside this one kept {}% of \
          its lone pace, this one {}%)",

@@ -34,10 +34,10 @@ pub const PAGE_ACTIVE_POINTS: usize = 500;
 /// The groups it shows by name.
 const PAGE_ACTIVE_TOP: usize = 8;
 
-/// A device's whole trace as the page's chart of active memory shows it, by call site and
-/// by category, as JSON: made once the entry is kept (not on its way to `ready`), since it walks every event
-/// (30-50 ms on three million, three times that while a browser shares the cores: the slowest
-/// of a page's first requests) and a shared link opens it on each first load.
+/// A device's whole trace as the page's chart of active memory shows it, by call site and by
+/// category, as JSON: made once the entry is kept (not on its way to `ready`), since it walks
+/// every event (30-50 ms on three million, three times that while a browser shares the cores:
+/// the slowest of a page's first requests) and a shared link opens it on each first load.
 struct FirstCharts {
     site: Vec<u8>,
     category: Vec<u8>,

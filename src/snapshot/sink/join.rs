@@ -164,19 +164,21 @@ impl SnapshotSink {
         let (events, times): (Vec<Vec<Event>>, Vec<Times>) = chunks.into_iter().chain(std::iter::once(last)).unzip();
         self.events.reserve(events.iter().map(Vec::len).sum());
         let (own_events, own_times) = (&mut self.events, &mut self.times);
-        let mut times = Some(times);
-        std::thread::scope(|scope| {
+        // The times the other thread did not take (none could start): appended after.
+        let left = std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::channel::<Times>();
             let helper = std::thread::Builder::new().name("take in".into()).spawn_scoped(scope, move || {
                 for t in rx {
                     own_times.extend_from(&t);
                 }
             });
-            // Without the thread (none could start), the times are appended below.
-            let tx = helper.ok().map(|_| tx);
-            if let (Some(tx), Some(times)) = (&tx, times.take()) {
-                times.into_iter().for_each(|t| drop(tx.send(t)));
-            }
+            let left = match helper {
+                Ok(_) => {
+                    times.into_iter().for_each(|t| drop(tx.send(t)));
+                    Vec::new()
+                }
+                Err(_) => times,
+            };
             for chunk in events {
                 if same {
                     own_events.extend_from_slice(&chunk);
@@ -190,8 +192,9 @@ impl SnapshotSink {
                     own_events.extend(chunk.iter().map(map));
                 }
             }
+            left
         });
-        for t in times.into_iter().flatten() {
+        for t in left {
             self.times.extend_from(&t);
         }
     }

@@ -40,9 +40,9 @@ export function timelineUrl(api, device, [start, end], width) {
 export const activeBy = (colour) => (colour === "category" ? "category" : "site");
 
 /** Columns of the chart of active memory, whatever the canvas's width (about two pixels each
- *  on a laptop's screen): the server makes the whole trace's chart at this resolution with
- *  the analysis (`service::views::PAGE_ACTIVE_POINTS`), so a first load need not walk every
- *  event for it. */
+ *  on a laptop's screen): the server makes the whole trace's chart at this resolution once a
+ *  snapshot is ready (`service::loaded::PAGE_ACTIVE_POINTS`), so a first load need not walk
+ *  every event for it. */
 export const ACTIVE_POINTS = 500;
 
 /** The chart of active memory over `[start, end]`, by call site or by what the blocks hold. */
