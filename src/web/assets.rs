@@ -47,13 +47,13 @@ pub(crate) const ASSETS: &[(&str, &str, &[u8])] = assets! {
 fn etags() -> &'static Vec<String> {
     static TAGS: OnceLock<Vec<String>> = OnceLock::new();
     TAGS.get_or_init(|| {
-        ASSETS
-            .iter()
-            .map(|(_, _, bytes)| {
-                format!("\"{}\"", Sha256::digest(bytes).iter().take(8).map(|b| format!("{b:02x}")).collect::<String>())
-            })
-            .collect()
+        ASSETS.iter().map(|(_, _, bytes)| tag(bytes)).collect()
     })
+}
+
+/// An ETag from the content.
+fn tag(bytes: &[u8]) -> String {
+    format!("\"{}\"", Sha256::digest(bytes).iter().take(8).map(|b| format!("{b:02x}")).collect::<String>())
 }
 
 pub(crate) async fn serve(Path(path): Path<String>, headers: HeaderMap) -> Response {
@@ -66,11 +66,16 @@ pub(crate) async fn favicon(headers: HeaderMap) -> Response {
 }
 
 fn asset(path: &str, headers: &HeaderMap) -> Response {
-    let Some(i) = ASSETS.iter().position(|(p, _, _)| *p == path) else {
-        return (StatusCode::NOT_FOUND, "no such file").into_response();
+    let (content_type, bytes, etag) = if path == super::bundle::PATH {
+        static TAG: OnceLock<String> = OnceLock::new();
+        let bytes = super::bundle::snapshot_bundle();
+        ("text/javascript; charset=utf-8", bytes, TAG.get_or_init(|| tag(bytes)))
+    } else {
+        let Some(i) = ASSETS.iter().position(|(p, _, _)| *p == path) else {
+            return (StatusCode::NOT_FOUND, "no such file").into_response();
+        };
+        (ASSETS[i].1, ASSETS[i].2, &etags()[i])
     };
-    let (_, content_type, bytes) = ASSETS[i];
-    let etag = &etags()[i];
     if headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) == Some(etag.as_str()) {
         return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag.clone())]).into_response();
     }

@@ -4,6 +4,7 @@
 
 pub mod api;
 mod assets;
+mod bundle;
 pub(crate) mod error;
 pub(crate) mod extract;
 mod fills;

@@ -2,6 +2,8 @@
 // hands data to the drawings. Data code lives in data/, canvas code in draw/, the page's
 // forms and tables in page/.
 
+// First: the bundle evaluates modules in import order, and this one starts the first requests.
+import { take, pageDevices } from "./page/early.js";
 import { decodeTimeline } from "./data/columns.js";
 import { format } from "./data/fragment.js";
 import { bytes, eventLabel } from "./data/format.js";
@@ -14,7 +16,6 @@ import { Timeline } from "./draw/timeline.js";
 import { drawActive } from "./draw/active.js";
 import { FlameView } from "./draw/flame.js";
 import { firstView, inRange, stateUrl, flameUrl, pinnersUrl, timelineUrl, activeUrl, activeBy } from "./data/requests.js";
-import { take, pageDevices } from "./page/early.js";
 
 const app = document.getElementById("app");
 const id = app.dataset.id;

@@ -54,33 +54,9 @@ struct Snapshot {
     run: Option<String>,
     /// Snapshots to compare it with: (id, label), the other ranks of its run first.
     compare_with: Vec<(String, String)>,
-    /// The page's script modules, fetched at once rather than one import level at a time.
-    modules: &'static [&'static str],
+    /// The page's scripts in one file (`web/bundle.rs`), under `/static/`.
+    bundle: &'static str,
 }
-
-/// Every module `static/js/snapshot.js` imports, directly or not (a test holds the list to the
-/// imports), in the order the page's head preloads them.
-pub(crate) const SNAPSHOT_MODULES: &[&str] = &[
-    // First what `page/early.js` needs, so that the first view's data is asked for soonest.
-    "page/early.js",
-    "data/requests.js",
-    "data/fragment.js",
-    "snapshot.js",
-    "data/columns.js",
-    "data/format.js",
-    "data/colors.js",
-    "data/layout.js",
-    "draw/segmap.js",
-    "draw/timeline.js",
-    "draw/active.js",
-    "draw/flame.js",
-    "data/flame.js",
-    "data/curves.js",
-    "draw/canvas.js",
-    "page/pending.js",
-    "page/controls.js",
-    "page/pinners.js",
-];
 
 struct DeviceCard {
     device: i64,
@@ -228,7 +204,7 @@ pub(crate) async fn snapshot(
         annotations: Vec::new(),
         run: row.run_id.clone(),
         compare_with: Vec::new(),
-        modules: SNAPSHOT_MODULES,
+        bundle: super::bundle::PATH,
     };
     if page.ready {
         fill(&app, &row, &mut page).await?;

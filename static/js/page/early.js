@@ -1,9 +1,8 @@
-// The first view's data requests, started while the rest of the page's modules load. The
-// page's head loads this module on its own (async), so it runs once it and its two small
-// imports are here, long before snapshot.js's whole graph is; snapshot.js imports the same
-// module (one instance per URL) and `take`s a response whose URL it asks for. Canvas widths
-// are part of the URLs, so it waits for the document to be parsed and styled first; a URL
-// that differs after all (the layout changed) is fetched as before.
+// The first view's data requests, started as soon as the page's script runs, before the rest
+// of it sets the page up. snapshot.js imports this module (the page's bundle evaluates it
+// first, `web/bundle.rs`) and `take`s a response whose URL it asks for. Canvas widths are part
+// of the URLs, so it waits for the document to be parsed and styled first; a URL that differs
+// after all (the layout changed) is fetched as before.
 
 import { firstView, stateUrl, pinnersUrl, timelineUrl, activeUrl, activeBy } from "../data/requests.js";
 

@@ -3,8 +3,8 @@
 
 import { bytes } from "../data/format.js";
 
-export /** Until the analysis is done: show progress, then reload into the full page. */
-async function pending(api) {
+/** Until the analysis is done: show progress, then reload into the full page. */
+export async function pending(api) {
   const text = document.getElementById("status-text");
   const bar = document.getElementById("progress");
   for (;;) {
