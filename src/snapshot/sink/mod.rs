@@ -67,7 +67,7 @@ pub struct SnapshotSink {
     frame_by_node: foldhash::HashMap<u32, crate::snapshot::FrameId>,
     scratch: Vec<crate::snapshot::FrameId>,
     /// Stack of each sequence of frame-dict handles already seen.
-    stack_by_nodes: foldhash::HashMap<Box<[u32]>, StackId>,
+    stack_by_nodes: foldhash::HashMap<nodes::Nodes, StackId>,
     node_scratch: Vec<u32>,
     /// Frames lists folded lately (their frame-dict handles) and their stacks, by
     /// `recent_slot`: a list of the same frames is folded again with no hashing.
@@ -83,6 +83,7 @@ pub struct SnapshotSink {
 mod actions;
 mod ahead;
 mod join;
+mod nodes;
 
 impl SnapshotSink {
     /// A sink that also refuses more events than `budget` holds.
