@@ -141,6 +141,56 @@ fn every_pickle_protocol_reads_the_same_and_fast() {
     }
 }
 
+/// Python pickles a list of one item as `EMPTY_LIST put get APPEND`, not with MARK and
+/// APPENDS: an allocation with a one-frame python stack (most of a real training trace's
+/// frees). The fast path reads those entries too, folding the list where the general machine
+/// does, at the dict's SETITEMS; a dict with a second list, before or after, agrees as well.
+/// Python's own reading of each entry's innermost line is the truth.
+#[test]
+fn a_one_frame_stack_reads_fast_and_as_python_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+import json, pickle, pickletools, sys
+frames = [{"filename": "train.py", "line": i, "name": f"f{i % 7}"} for i in range(40)]
+entries = []
+for i in range(3000):
+    k = i % 5
+    fs = [] if k == 0 else [frames[i % 40]] if k < 3 else [frames[i % 40], frames[(i + 1) % 40]]
+    if i % 97 == 0:
+        fs = [{"filename": "new.py", "line": 1000 + i, "name": "fresh"}]
+    e = {"action": "alloc" if i % 2 == 0 else "free_completed", "addr": 0x7F0000000000 + 512 * (i // 2),
+         "size": 512, "stream": 0, "time_us": i, "frames": list(fs)}
+    if i % 250 == 3:
+        e["extra"] = [frames[2]]
+    if i % 250 == 4:
+        e = dict([("extra", [frames[3]])] + list(e.items()))
+    entries.append(e)
+data = {"segments": [], "device_traces": [entries]}
+for p in (2, 4):
+    blob = pickle.dumps(data, protocol=p)
+    assert sum(op.name == "APPEND" for op, _, _ in pickletools.genops(blob)) > 1000, "APPEND not written"
+    open(f"{sys.argv[1]}/p{p}.pickle", "wb").write(blob)
+truth = [e["frames"][0]["line"] if e["frames"] else None for e in entries]
+json.dump(truth, open(f"{sys.argv[1]}/truth.json", "w"))
+"#;
+    let ok = std::process::Command::new("python3").args(["-c", script]).arg(dir.path()).status().expect("python3 runs");
+    assert!(ok.success());
+    let truth: Vec<Option<i64>> = serde_json::from_slice(&std::fs::read(dir.path().join("truth.json")).unwrap()).unwrap();
+    for p in [2, 4] {
+        let bytes = std::fs::read(dir.path().join(format!("p{p}.pickle"))).unwrap();
+        let (dicts, events) = same(&format!("one-frame stacks, protocol {p}"), &bytes, &|_| {});
+        assert_eq!(events, truth.len());
+        // All but the first few (keys learnt), the fresh frames and the dicts with two lists.
+        assert!(dicts as f64 >= 0.94 * events as f64, "protocol {p}: {dicts} fast of {events}");
+        let read = ingest(Cursor::new(bytes), &Options::default()).unwrap();
+        let snap = &read.snapshot;
+        for (i, line) in truth.iter().enumerate() {
+            let top = snap.stacks.frames(snap.events[i].stack).next().map(|f| f.line);
+            assert_eq!(top, *line, "protocol {p}, entry {i}");
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 

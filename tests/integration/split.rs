@@ -171,6 +171,36 @@ fn a_put_after_the_split_overwrites_an_early_entry_as_one_read_does() {
     assert!(later.is_some(), "the read did not split");
 }
 
+/// A real training trace's frees mostly have a one-frame python stack, which Python pickles
+/// as `EMPTY_LIST put get APPEND`: the fast path reads those entries, so the run of fast reads
+/// the split waits for (`TwoParts::quiet`) comes, and the read splits with the default
+/// settings (the file's size and the core probe aside). It did not before the fast path took
+/// that form: `train_big` was read in one part on two free cores.
+#[test]
+fn a_trace_of_one_frame_stacks_splits_with_the_default_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+import pickle, sys
+frames = [{"filename": "train.py", "line": i, "name": f"f{i % 7}"} for i in range(40)]
+entries = []
+for i in range(24000):
+    fs = [frames[i % 40]] if i % 3 else [frames[i % 40], frames[(i + 5) % 40]]
+    if i < 2000 and i % 97 == 0:  # new frames while the first steps run
+        fs = [{"filename": "new.py", "line": 1000 + i, "name": "fresh"}]
+    entries.append({"action": "alloc" if i % 2 == 0 else "free_completed", "addr": 0x7F0000000000 + 512 * (i // 2),
+                    "size": 512, "stream": 0, "time_us": i, "frames": fs})
+pickle.dump({"segments": [], "device_traces": [entries]}, open(sys.argv[1], "wb"), protocol=4)
+"#;
+    let out = dir.path().join("one_frame.pickle");
+    let ok = std::process::Command::new("python3").args(["-c", script]).arg(&out).status();
+    assert!(ok.expect("python3 runs").success());
+    let bytes = std::fs::read(&out).unwrap();
+    let parts = TwoParts { min_bytes: 0, pace: false, measure: false, ..TwoParts::default() };
+    let later = same_in("one-frame stacks", &bytes, parts, &|_| {});
+    let later = later.expect("the read did not split");
+    assert!(later.end - later.start > bytes.len() as u64 / 4, "the later part read only {later:?}");
+}
+
 /// The real snapshot the properties below change: a data-parallel rank, a few batches long.
 fn base() -> Vec<u8> {
     plain(&crate::util::snapshot_path("ddp_rank0"))

@@ -209,6 +209,16 @@ impl Heap {
         }
     }
 
+    /// Makes sure a free item list is at hand, as the general machine's APPEND to a new list
+    /// takes one and its fold gives it back: the entry fast path, which builds no list, keeps
+    /// the count of item lists (and so the memory charged) the same.
+    pub(super) fn keep_free_slot(&mut self) {
+        if self.free.is_empty() {
+            self.slots.push(Vec::new());
+            self.free.push((self.slots.len() - 1) as u32);
+        }
+    }
+
     pub(super) fn fold(&mut self, id: u32, folded: u32) {
         self.note_change(id, false);
         let head = &mut self.heads[id as usize];

@@ -1,6 +1,7 @@
 //! The fast path for the dict a snapshot holds millions of: a trace entry, pickled as
 //! `EMPTY_DICT MEMOIZE MARK (key value)* SETITEMS`, its keys and values memo gets, short
-//! strings or numbers, and its frames a list of memoized frame dicts.
+//! strings or numbers, and its frames a list of memoized frame dicts (`MARK gets APPENDS`, or
+//! `get APPEND` for one frame: most frees of a real training trace).
 //!
 //! It parses the bytes already buffered, in place, and hands the values straight to the sink:
 //! sorted into its fields as they are read where it folds dicts by a few keys (`Sink::field`,
@@ -150,7 +151,19 @@ struct Parts<'v, S> {
     unseen: bool,
     /// The buffer ended before the dict did.
     short: bool,
+    /// A one-item list read in this dict, folded at its SETITEMS (see `Parts::one_item`).
+    one: Option<OneItem>,
 }
+
+/// A list of one frame dict waiting for its dict's SETITEMS: the frame, its depth, and where
+/// its fold goes among the dict's values (a field, or an index into the pairs).
+struct OneItem {
+    frame: Value,
+    depth: u32,
+    place: usize,
+}
+
+const UNPLACED: usize = usize::MAX - 1;
 
 impl<R: Read, S: Sink> Vm<'_, R, S> {
     /// Tries the fast path with the input just past an EMPTY_DICT, and goes on with the dicts
@@ -204,6 +217,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
             unbuilt: 0,
             unseen: false,
             short: false,
+            one: None,
         };
         let outcome = parts.dict(self.input.window().get(skip..).unwrap_or_default(), &mut self.at);
         let (unbuilt, unseen, short) = (parts.unbuilt, parts.unseen, parts.short);
@@ -303,6 +317,10 @@ impl<S: Sink> Parts<'_, S> {
                 let Some(next) = self.item(buf, p, w, at, &mut read, &mut depth)? else {
                     return Ok(Fast::Fallback);
                 };
+                // A list as a key: left to the general machine.
+                if self.one.as_ref().is_some_and(|o| o.place == UNPLACED) {
+                    return Ok(Fast::Fallback);
+                }
                 if n == pair {
                     self.learn(pair, w, next - p, read, &mut learnt);
                 }
@@ -319,6 +337,9 @@ impl<S: Sink> Parts<'_, S> {
             let Some(next) = self.item(buf, at_value, w, at, &mut value, &mut depth)? else {
                 return Ok(Fast::Fallback);
             };
+            if let Some(one) = self.one.as_mut().filter(|o| o.place == UNPLACED) {
+                one.place = if BY_FIELD { field } else { 2 * pair + 1 };
+            }
             if !BY_FIELD {
                 items[2 * pair + 1] = value;
             } else if let Some(slot) = fields.get_mut(field) {
@@ -327,7 +348,7 @@ impl<S: Sink> Parts<'_, S> {
             p = next;
             pair += 1;
         }
-        if pair == 0 {
+        if pair == 0 || !self.fold_one_item(p, at, &mut fields, &mut items, BY_FIELD)? {
             return Ok(Fast::Fallback);
         }
         let folded = if BY_FIELD {

@@ -17,7 +17,16 @@ impl<S: Sink> Parts<'_, S> {
         from: usize,
         at: &mut u64,
     ) -> Res<Option<(Value, u32, usize)>, S::Error> {
-        if buf.get(self.memo_op(buf, from).map_or(from, |(_, p)| p)) != Some(&op::MARK) {
+        // A list after a one-item list in the same dict would be folded before it by the
+        // general machine (see `one_item`): left to it.
+        if self.one.is_some() {
+            return Ok(None);
+        }
+        let after_put = self.memo_op(buf, from).map_or(from, |(_, p)| p);
+        if buf.get(after_put) != Some(&op::MARK) {
+            if let Some(frame) = one_item_form(buf, after_put) {
+                return Ok(self.one_item(buf, from, frame));
+            }
             return Ok(self.empty_list(buf, from));
         }
         let Some(mut p) = self.open(buf, from, 1) else { return Ok(None) };
@@ -66,6 +75,56 @@ impl<S: Sink> Parts<'_, S> {
         }
         // A folded list adds the depth of a folded value.
         Ok(folded.map(|v| (v, 2, p + 1)))
+    }
+
+    /// A list of one frame, pickled `EMPTY_LIST [put] get APPEND` (Python writes a batch of one
+    /// item with APPEND): its memo put and frame dict now, its fold deferred to the dict's
+    /// SETITEMS ([`Parts::fold_one_item`]), where the general machine settles the list and
+    /// folds it. The value returned stands in for the fold until then. `frame` is the get's
+    /// memo index and the position after APPEND.
+    fn one_item(&mut self, buf: &[u8], from: usize, frame: (usize, usize)) -> Option<(Value, u32, usize)> {
+        let (index, next) = frame;
+        // The put first: a get of the list itself is then refused as the general machine
+        // refuses it (a list appended to itself).
+        let (put, _) = self.memo_op(buf, from)?;
+        if put {
+            self.open_slots[1] = self.memo.len();
+            self.put(Value::Node(0))?;
+        }
+        let Some(Value::Node(id)) = self.get_raw(index) else { return None };
+        let depth = self.heap.sealed_dict(id)?;
+        self.one = Some(OneItem { frame: Value::Node(id), depth, place: UNPLACED });
+        Some((Value::None, 2, next))
+    }
+
+    /// The one-item list read in this dict, if any, folded as the general machine folds it
+    /// when the dict's SETITEMS (at `p`) settles it: first, after any list folded at its own
+    /// APPENDS. Its fold is put in its place among the dict's values (`place` in `fields` or
+    /// `items`). Some(false) to fall back.
+    #[inline(always)]
+    pub(super) fn fold_one_item(
+        &mut self,
+        p: usize,
+        at: &mut u64,
+        fields: &mut Fields,
+        items: &mut [Value],
+        by_field: bool,
+    ) -> Res<bool, S::Error> {
+        let Some(one) = self.one.take() else { return Ok(true) };
+        let frame = [one.frame];
+        let Some(v) = self.fold(1, one.depth, p, at, Kind::List, |sink, heap| sink.fold_list(heap, &frame))? else {
+            return Ok(false);
+        };
+        // The general machine's APPEND took an item list, which the fold gave back.
+        self.heap.keep_free_slot();
+        if by_field {
+            if let Some(slot) = fields.get_mut(one.place) {
+                *slot = Some(v);
+            }
+        } else if let Some(slot) = items.get_mut(one.place) {
+            *slot = v;
+        }
+        Ok(true)
     }
 
     /// A frames list whose bytes, from after its MARK to its APPENDS, are those of one folded
@@ -281,6 +340,32 @@ impl<S: Sink> Parts<'_, S> {
             self.put(v)?;
         }
         Some((v, 0, next))
+    }
+}
+
+/// Whether the bytes at `p` (after a list's memo put) are a memo get and APPEND, FRAMEs
+/// aside: the get's index and the position after APPEND.
+#[inline(always)]
+fn one_item_form(buf: &[u8], p: usize) -> Option<(usize, usize)> {
+    let (w, p) = past_frames(buf, p)?;
+    let (index, next) = match w[0] {
+        op::BINGET => (w[1] as usize, p + 2),
+        op::LONG_BINGET => (u32_at(w, 1) as usize, p + 5),
+        _ => return None,
+    };
+    let (w, p) = past_frames(buf, next)?;
+    (w[0] == op::APPEND).then_some((index, p + 1))
+}
+
+/// The `STEP` bytes of the first opcode at or after `p` that is not FRAME, if buffered.
+#[inline(always)]
+fn past_frames(buf: &[u8], mut p: usize) -> Option<(&[u8; STEP], usize)> {
+    loop {
+        let w = step(buf, p)?;
+        if w[0] != op::FRAME {
+            return Some((w, p));
+        }
+        p += 9;
     }
 }
 
