@@ -180,7 +180,7 @@ fn a_put_after_the_split_overwrites_an_early_entry_as_one_read_does() {
 fn a_trace_of_one_frame_stacks_splits_with_the_default_settings() {
     let dir = tempfile::tempdir().unwrap();
     let script = r#"
-import pickle, sys
+import json, pickle, sys
 frames = [{"filename": "train.py", "line": i, "name": f"f{i % 7}"} for i in range(40)]
 entries = []
 for i in range(24000):
@@ -190,10 +190,10 @@ for i in range(24000):
     entries.append({"action": "alloc" if i % 2 == 0 else "free_completed", "addr": 0x7F0000000000 + 512 * (i // 2),
                     "size": 512, "stream": 0, "time_us": i, "frames": fs})
 pickle.dump({"segments": [], "device_traces": [entries]}, open(sys.argv[1], "wb"), protocol=4)
+print(json.dumps(len(entries)))
 "#;
     let out = dir.path().join("one_frame.pickle");
-    let ok = std::process::Command::new("python3").args(["-c", script]).arg(&out).status();
-    assert!(ok.expect("python3 runs").success());
+    assert_eq!(crate::util::python_json(script, &[&out]), 24000, "entries written");
     let bytes = std::fs::read(&out).unwrap();
     let parts = TwoParts { min_bytes: 0, pace: false, measure: false, ..TwoParts::default() };
     let later = same_in("one-frame stacks", &bytes, parts, &|_| {});

@@ -364,17 +364,10 @@ impl<S: Sink> Parts<'_, S> {
         Ok(Fast::Folded { used: p + 1, value })
     }
 
-    /// The `STEP` bytes of the next opcode at or after `p` that is not FRAME (protocol 4
-    /// frames the pickle every 64 KiB, between any two opcodes), and where it is.
+    /// [`values::past_frames`], noting that the buffer ran short where it does not hold it.
     #[inline(always)]
-    fn view<'b>(&mut self, buf: &'b [u8], mut p: usize) -> Option<(&'b [u8; STEP], usize)> {
-        loop {
-            let Some(w) = step(buf, p) else { return self.ran_short() };
-            if w[0] != op::FRAME {
-                return Some((w, p));
-            }
-            p += 9;
-        }
+    fn view<'b>(&mut self, buf: &'b [u8], p: usize) -> Option<(&'b [u8; STEP], usize)> {
+        values::past_frames(buf, p).or_else(|| self.ran_short())
     }
 
     /// Reads the key or value at `p` (its bytes in `w`) into `out`, raising `depth` to its

@@ -86,11 +86,7 @@ impl<S: Sink> Parts<'_, S> {
         let (index, next) = frame;
         // The put first: a get of the list itself is then refused as the general machine
         // refuses it (a list appended to itself).
-        let (put, _) = self.memo_op(buf, from)?;
-        if put {
-            self.open_slots[1] = self.memo.len();
-            self.put(Value::Node(0))?;
-        }
+        self.put_open(buf, from, 1)?;
         let Some(Value::Node(id)) = self.get_raw(index) else { return None };
         let depth = self.heap.sealed_dict(id)?;
         self.one = Some(OneItem { frame: Value::Node(id), depth, place: UNPLACED });
@@ -100,7 +96,7 @@ impl<S: Sink> Parts<'_, S> {
     /// The one-item list read in this dict, if any, folded as the general machine folds it
     /// when the dict's SETITEMS (at `p`) settles it: first, after any list folded at its own
     /// APPENDS. Its fold is put in its place among the dict's values (`place` in `fields` or
-    /// `items`). Some(false) to fall back.
+    /// `items`). False to fall back.
     #[inline(always)]
     pub(super) fn fold_one_item(
         &mut self,
@@ -198,12 +194,20 @@ impl<S: Sink> Parts<'_, S> {
     /// until the container is done), then MARK. Returns the position after the MARK.
     #[inline(always)]
     pub(super) fn open(&mut self, buf: &[u8], p: usize, which: usize) -> Option<usize> {
+        let p = self.put_open(buf, p, which)?;
+        (buf.get(p) == Some(&op::MARK)).then_some(p + 1)
+    }
+
+    /// A new container's memo put at `p`, if any, as a placeholder in slot `which` until the
+    /// container is done. Returns the position after it.
+    #[inline(always)]
+    fn put_open(&mut self, buf: &[u8], p: usize, which: usize) -> Option<usize> {
         let (put, p) = self.memo_op(buf, p)?;
         if put {
             self.open_slots[which] = self.memo.len();
             self.put(Value::Node(0))?;
         }
-        (buf.get(p) == Some(&op::MARK)).then_some(p + 1)
+        Some(p)
     }
 
     /// Gives an opened container's memo slot, if any, its final value.
@@ -357,9 +361,10 @@ fn one_item_form(buf: &[u8], p: usize) -> Option<(usize, usize)> {
     (w[0] == op::APPEND).then_some((index, p + 1))
 }
 
-/// The `STEP` bytes of the first opcode at or after `p` that is not FRAME, if buffered.
+/// The `STEP` bytes of the first opcode at or after `p` that is not FRAME (protocol 4 frames
+/// the pickle every 64 KiB, between any two opcodes), and where it is, if buffered.
 #[inline(always)]
-fn past_frames(buf: &[u8], mut p: usize) -> Option<(&[u8; STEP], usize)> {
+pub(super) fn past_frames(buf: &[u8], mut p: usize) -> Option<(&[u8; STEP], usize)> {
     loop {
         let w = step(buf, p)?;
         if w[0] != op::FRAME {
