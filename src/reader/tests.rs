@@ -357,3 +357,105 @@ fn runs_of_dicts_cut_by_the_buffers_end_read_as_the_general_machine_reads_them()
         }
     }
 }
+
+/// Records each entry (a dict with the key "x") as [`Record`] does, and folds each frames
+/// list to the number of the first list of the same items, counting the folds it is asked for.
+struct Stacks {
+    entries: Record,
+    lists: Vec<Vec<Value>>,
+    list_folds: usize,
+}
+
+impl Default for Stacks {
+    fn default() -> Self {
+        Stacks { entries: Record { dicts: Vec::new() }, lists: Vec::new(), list_folds: 0 }
+    }
+}
+
+impl Sink for Stacks {
+    type Error = String;
+    fn fold_dict(&mut self, heap: &Heap, items: &[Value]) -> Result<Option<u32>, String> {
+        self.entries.fold_dict(heap, items)
+    }
+    fn fold_list(&mut self, _heap: &Heap, items: &[Value]) -> Result<Option<u32>, String> {
+        self.list_folds += 1;
+        let n = match self.lists.iter().position(|l| l == items) {
+            Some(n) => n,
+            None => {
+                self.lists.push(items.to_vec());
+                self.lists.len() - 1
+            }
+        };
+        Ok(Some(1_000_000 + n as u32))
+    }
+}
+
+/// `n` entries `{"x": i, "frames": [...]}` whose frames lists (of 20 to 44 memoized frame
+/// dicts, got by LONG_BINGET: 100 to 220 bytes) are `stacks` lists taken in turn out of order,
+/// in batches of 1000. The first entry defines the 64 frame dicts in a list of its own.
+fn long_stacks(n: usize, stacks: usize) -> Vec<u8> {
+    // Memo: the list 0, the first entry 1, "x" 2, "defs" 3, its list 4, "n" 6, the frame
+    // dicts 5 and 7 on (one a slot after the first), "frames" after them.
+    let mut out = b"\x80\x04]\x94(}\x94(\x8c\x01x\x94K\x00\x8c\x04defs\x94]\x94(".to_vec();
+    let mut frame_slots = Vec::new();
+    for f in 0..64u32 {
+        frame_slots.push(if f == 0 { 5 } else { 6 + f });
+        out.extend_from_slice(b"}\x94(");
+        out.extend_from_slice(if f == 0 { b"\x8c\x01n\x94" } else { b"h\x06" });
+        out.extend_from_slice(&[b'J']);
+        out.extend_from_slice(&f.to_le_bytes());
+        out.push(b'u');
+    }
+    out.extend_from_slice(b"e\x8c\x06frames\x94]\x94(j");
+    out.extend_from_slice(&frame_slots[0].to_le_bytes());
+    out.extend_from_slice(b"eu");
+    let frames_key = 6 + 64;
+    let stack = |s: usize| -> Vec<u32> { (0..20 + s % 25).map(|k| frame_slots[(s * 13 + k * 7) % 64]).collect() };
+    for i in 1..n {
+        if i % 1000 == 0 {
+            out.extend_from_slice(b"e(");
+        }
+        out.extend_from_slice(b"}\x94(h\x02K");
+        out.push(i as u8);
+        out.push(b'h');
+        out.push(frames_key as u8);
+        out.extend_from_slice(b"]\x94(");
+        for slot in stack((i * 7919) % stacks) {
+            out.push(b'j');
+            out.extend_from_slice(&slot.to_le_bytes());
+        }
+        out.extend_from_slice(b"eu");
+    }
+    out.extend_from_slice(b"e.");
+    out
+}
+
+/// A trace's python stacks run to dozens of frames and interleave: the fast path finds each
+/// list it folded before again by its bytes, however long (up to 256 bytes) and however far
+/// back, and folds it without asking the sink; what it makes is what the general machine
+/// makes, asking the sink for every list.
+#[test]
+fn long_interleaved_frames_lists_are_folded_once_and_read_as_the_general_machine_reads_them() {
+    let bytes = long_stacks(3000, 48);
+    let mut general = Stacks::default();
+    let whole = read_pickle(&bytes[..], &Limits { entry_fast_path: false, ..Limits::default() }, &mut general);
+    let whole = whole.map_err(|e| format!("the general machine failed: {e:?}")).unwrap();
+    assert_eq!((general.entries.dicts.len(), general.lists.len(), general.list_folds), (3000, 50, 3001));
+    for n in [397, 4093, usize::MAX] {
+        let mut fast = Stacks::default();
+        let r = read_pickle(Trickle { bytes: &bytes, n }, &Limits::default(), &mut fast);
+        let r = r.map_err(|_| format!("{n} bytes a read failed")).unwrap();
+        assert!(fast.entries.dicts == general.entries.dicts, "{n} bytes a read: the entries differ");
+        assert_eq!((r.bytes_read, fast.lists.len()), (whole.bytes_read, 50));
+        let fewest = match n {
+            usize::MAX => 2990,
+            4093 => 2700,
+            _ => 1000,
+        };
+        assert!(r.fast_dicts >= fewest, "{n} bytes a read: {} fast", r.fast_dicts);
+        // Each list once where the fast path read its entry (the first time, or again after
+        // a few were forgotten), and every time the general machine read its entry.
+        let most = 60 + (3000 - r.fast_dicts as usize);
+        assert!(fast.list_folds <= most, "{n} bytes a read: the sink folded {} lists", fast.list_folds);
+    }
+}

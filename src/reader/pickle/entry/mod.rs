@@ -23,6 +23,7 @@
 
 use std::io::Read;
 
+mod lists;
 mod values;
 
 use super::opcodes as op;
@@ -76,29 +77,8 @@ pub(super) struct Scratch {
     learning: [Key; MAX_PAIRS],
     /// The last short string read (its bytes in a word, and how many) and its id.
     last_string: ((u64, usize), StrId),
-    /// Frames lists folded lately, as their bytes (see [`Parts::repeated_list`]), valid
-    /// while the memo's overwrite count is `lists_epoch`; the next slot to fill.
-    lists: [List; LISTS],
-    lists_epoch: u64,
-    next_list: usize,
-    /// The slot of the list matched last.
-    last_hit: usize,
-}
-
-/// Frames lists remembered, and the most bytes of one (a few memo gets).
-const LISTS: usize = 8;
-const LIST_BYTES: usize = 48;
-
-/// A frames list folded lately: its bytes after MARK up to its APPENDS, the first eight as a
-/// word, and its fold (the folded value, its frames and their greatest depth).
-#[derive(Clone, Copy)]
-struct List {
-    body: [u8; LIST_BYTES],
-    first: u64,
-    len: usize,
-    folded: Value,
-    count: usize,
-    depth: u32,
+    /// Frames lists folded lately, found again by their bytes.
+    lists: lists::Lists,
 }
 
 impl Default for Scratch {
@@ -111,10 +91,7 @@ impl Default for Scratch {
             epoch: u64::MAX,
             learning: [key; MAX_PAIRS],
             last_string: ((0, usize::MAX), 0),
-            lists: [List { body: [0; LIST_BYTES], first: 0, len: 0, folded: Value::None, count: 0, depth: 0 }; LISTS],
-            lists_epoch: u64::MAX,
-            next_list: 0,
-            last_hit: 0,
+            lists: lists::Lists::default(),
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The values inside a trace entry: frames lists (folded whole, or repeated from the last
-//! one), memo gets and puts, scalars and short strings, each read from the buffered bytes as
+//! The values inside a trace entry: frames lists (folded whole, or found again in `lists.rs`),
+//! memo gets and puts, scalars and short strings, each read from the buffered bytes as
 //! the general machine would read them (see the parent module).
 
 use super::super::Res;
@@ -71,7 +71,7 @@ impl<S: Sink> Parts<'_, S> {
         self.scratch.frames = items;
         let folded = folded?;
         if let Some(v) = folded {
-            self.remember_list(&buf[body..=p], v, count, depth);
+            self.remember_list(buf, body, p, v, count, depth);
         }
         // A folded list adds the depth of a folded value.
         Ok(folded.map(|v| (v, 2, p + 1)))
@@ -121,60 +121,6 @@ impl<S: Sink> Parts<'_, S> {
             *slot = v;
         }
         Ok(true)
-    }
-
-    /// A frames list whose bytes, from after its MARK to its APPENDS, are those of one folded
-    /// lately: the same memo gets of the same frame dicts (while no memo entry was overwritten),
-    /// which the sink folds the same way each time (see [`Sink::fold_list`]). Its fold, without
-    /// reading the memo or calling the sink; the limits are checked as the fold checks them.
-    #[inline(always)]
-    pub(super) fn repeated_list(
-        &mut self,
-        buf: &[u8],
-        body: usize,
-        at: &mut u64,
-    ) -> Res<Option<(Value, u32, usize)>, S::Error> {
-        if self.scratch.lists_epoch != self.memo.overwrites() {
-            return Ok(None);
-        }
-        let Some(w) = step(buf, body) else { return Ok(None) };
-        let first = word(w);
-        let ahead: Option<&[u8; LIST_BYTES]> = buf.get(body..body + LIST_BYTES).and_then(|b| b.try_into().ok());
-        let is = |l: &List| l.len > 0 && l.first == first && same_bytes(buf, body, ahead, l);
-        // The list that matched last is tried first: a trace repeats a few lists in runs.
-        let s = &mut *self.scratch;
-        let hit = if is(&s.lists[s.last_hit % LISTS]) { Some(s.last_hit % LISTS) } else { s.lists.iter().position(is) };
-        let Some(i) = hit else { return Ok(None) };
-        s.last_hit = i;
-        let list = &s.lists[i];
-        let (value, count, depth, len) = (list.folded, list.count, list.depth, list.len);
-        if !self.heap.room_for_values(count as u64, self.limits.max_values) || depth >= self.limits.max_depth {
-            return Ok(None);
-        }
-        *at = self.base + (body + len - 1) as u64;
-        if !self.close(1, value) {
-            return Ok(None);
-        }
-        self.unbuilt += 1;
-        Ok(Some((value, 2, body + len)))
-    }
-
-    /// Keeps a folded frames list's bytes for [`Parts::repeated_list`].
-    pub(super) fn remember_list(&mut self, bytes: &[u8], folded: Value, count: usize, depth: u32) {
-        let s = &mut *self.scratch;
-        if bytes.len() < 8 || bytes.len() > LIST_BYTES {
-            return;
-        }
-        if s.lists_epoch != self.memo.overwrites() {
-            s.lists.iter_mut().for_each(|l| l.len = 0);
-            s.lists_epoch = self.memo.overwrites();
-        }
-        let slot = &mut s.lists[s.next_list % LISTS];
-        s.next_list += 1;
-        slot.body[..bytes.len()].copy_from_slice(bytes);
-        let first: [u8; 8] = bytes[..8].try_into().unwrap_or([0; 8]);
-        (slot.first, slot.len, slot.folded, slot.count, slot.depth) =
-            (u64::from_le_bytes(first), bytes.len(), folded, count, depth);
     }
 
     /// An empty list (torch's frames of an allocation made outside Python): a real, empty
@@ -372,22 +318,4 @@ pub(super) fn past_frames(buf: &[u8], mut p: usize) -> Option<(&[u8; STEP], usiz
         }
         p += 9;
     }
-}
-
-/// Whether the bytes at `at` begin with `list`'s body. Compared a word at a time within the
-/// `LIST_BYTES` ahead where the buffer holds them (a call to memcmp per entry showed), else
-/// as slices.
-#[inline(always)]
-fn same_bytes(buf: &[u8], at: usize, ahead: Option<&[u8; LIST_BYTES]>, list: &List) -> bool {
-    let Some(ahead) = ahead else { return buf.get(at..at + list.len) == Some(&list.body[..list.len]) };
-    let mut diff = 0u64;
-    for (i, (a, b)) in ahead.chunks_exact(8).zip(list.body.chunks_exact(8)).enumerate() {
-        let (a, b) =
-            (u64::from_le_bytes(a.try_into().unwrap_or([0; 8])), u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
-        // The bytes of this word that are the body's: all, some, or none.
-        let n = list.len.saturating_sub(8 * i).min(8);
-        let keep = if n == 8 { u64::MAX } else { (1u64 << (8 * n)) - 1 };
-        diff |= (a ^ b) & keep;
-    }
-    diff == 0
 }
