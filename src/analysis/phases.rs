@@ -188,13 +188,19 @@ impl RangeCursor {
         RangeCursor { next: 0, open: Vec::new() }
     }
 
-    /// The outermost range holding `time`; times must not go back.
+    /// The outermost range holding `time`; times must not go back. Asked at every event of a
+    /// training trace: a range seldom ends between two, so the open ones are looked over
+    /// before they are rewritten (a `retain` each time was 2% of a report of train_big).
+    #[inline]
     fn at(&mut self, ranges: &[Range], time: i64) -> Option<usize> {
         while self.next < ranges.len() && ranges[self.next].start <= time {
             self.open.push(self.next);
             self.next += 1;
         }
-        self.open.retain(|&r| ranges[r].end >= time);
+        let ended = |r: &usize| ranges.get(*r).is_none_or(|range| range.end < time);
+        if self.open.iter().any(ended) {
+            self.open.retain(|r| !ended(r));
+        }
         self.open.first().copied()
     }
 }
