@@ -402,7 +402,7 @@ fn long_stacks(n: usize, stacks: usize) -> Vec<u8> {
         frame_slots.push(if f == 0 { 5 } else { 6 + f });
         out.extend_from_slice(b"}\x94(");
         out.extend_from_slice(if f == 0 { b"\x8c\x01n\x94" } else { b"h\x06" });
-        out.extend_from_slice(&[b'J']);
+        out.push(b'J');
         out.extend_from_slice(&f.to_le_bytes());
         out.push(b'u');
     }
