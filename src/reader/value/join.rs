@@ -111,7 +111,7 @@ impl Heap {
         let new_values = later.values - mark.values - count;
         for i in mark.nodes..later.heads.len() {
             let mut head = later.heads[i];
-            if head.folded {
+            if head.folded() {
                 head.slot = folded.map(head.slot);
             } else if head.slot != NO_SLOT {
                 let items = std::mem::take(&mut later.slots[head.slot as usize]);

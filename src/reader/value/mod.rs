@@ -75,17 +75,36 @@ enum Item {
 /// `Head::slot` of a container that has no item list yet.
 const NO_SLOT: u32 = u32::MAX;
 
-/// Per-container bookkeeping: 8 bytes, because a real snapshot has millions of containers.
+/// Per-container bookkeeping: 8 bytes, because a real snapshot has millions of containers
+/// (a training trace's frees without a python stack are each an empty list: 1.2M on
+/// train_big). Two bools beside the kind made it 12.
 #[derive(Debug, Clone, Copy)]
 struct Head {
     kind: Kind,
-    /// Placed into another container (or folded): it may no longer change. This is what makes
-    /// cycles impossible: closing a cycle always means changing a container already placed.
-    sealed: bool,
-    folded: bool,
+    /// `SEALED`: placed into another container (or folded), it may no longer change. This is
+    /// what makes cycles impossible: closing a cycle always means changing a container already
+    /// placed. `FOLDED`: the sink folded it; `slot` is the folded id.
+    flags: u8,
     depth: u16,
     /// Index into `Heap::slots`, or the folded id once folded.
     slot: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Head>() == 8);
+
+const SEALED: u8 = 1;
+const FOLDED: u8 = 2;
+
+impl Head {
+    #[inline(always)]
+    fn sealed(&self) -> bool {
+        self.flags & SEALED != 0
+    }
+
+    #[inline(always)]
+    fn folded(&self) -> bool {
+        self.flags & FOLDED != 0
+    }
 }
 
 /// All containers of one read, addressed by index.
@@ -176,7 +195,7 @@ impl Heap {
         let id = self.heads.len() as u32;
         // The item list is taken on the first append: most containers of a snapshot are trace
         // entries folded straight off the stack, which never need one.
-        self.heads.push(Head { kind, sealed: false, folded: false, depth: 1, slot: NO_SLOT });
+        self.heads.push(Head { kind, flags: 0, depth: 1, slot: NO_SLOT });
         id
     }
 
@@ -188,14 +207,14 @@ impl Heap {
     }
     pub(super) fn folded(&self, id: u32) -> Option<u32> {
         let h = self.heads[id as usize];
-        h.folded.then_some(h.slot)
+        h.folded().then_some(h.slot)
     }
     pub(super) fn sealed(&self, id: u32) -> bool {
-        self.heads[id as usize].sealed
+        self.heads[id as usize].sealed()
     }
     pub(super) fn seal(&mut self, id: u32) {
         self.note_change(id, false);
-        self.heads[id as usize].sealed = true;
+        self.heads[id as usize].flags |= SEALED;
     }
 
     /// A later part's copy notes a change to a copied container (see `copied`).
@@ -222,14 +241,14 @@ impl Heap {
     pub(super) fn fold(&mut self, id: u32, folded: u32) {
         self.note_change(id, false);
         let head = &mut self.heads[id as usize];
-        if !head.folded && head.slot != NO_SLOT {
+        if !head.folded() && head.slot != NO_SLOT {
             let mut items = std::mem::take(&mut self.slots[head.slot as usize]);
             self.values -= items.len() as u64;
             items.clear();
             self.slots[head.slot as usize] = items;
             self.free.push(head.slot);
         }
-        head.folded = true;
+        head.flags |= FOLDED;
         head.slot = folded;
     }
 
@@ -239,9 +258,9 @@ impl Heap {
     #[inline(always)]
     pub(super) fn placed(&self, id: u32) -> Option<(Value, u32)> {
         let h = self.heads.get(id as usize)?;
-        if h.folded {
+        if h.folded() {
             Some((Value::Folded(h.slot), 2))
-        } else if h.sealed {
+        } else if h.sealed() {
             Some((Value::Node(id), h.depth as u32))
         } else {
             None
@@ -253,7 +272,7 @@ impl Heap {
     #[inline(always)]
     pub(super) fn sealed_dict(&self, id: u32) -> Option<u32> {
         let h = self.heads.get(id as usize)?;
-        (h.kind == Kind::Dict && h.sealed && !h.folded).then_some(h.depth as u32)
+        (h.kind == Kind::Dict && h.sealed() && !h.folded()).then_some(h.depth as u32)
     }
 
     /// Depth a value adds to a container holding it.
@@ -267,7 +286,7 @@ impl Heap {
 
     fn items_of(&self, id: u32) -> &[Item] {
         let h = self.heads[id as usize];
-        if h.folded || h.slot == NO_SLOT { &[] } else { &self.slots[h.slot as usize] }
+        if h.folded() || h.slot == NO_SLOT { &[] } else { &self.slots[h.slot as usize] }
     }
 
     /// Appends `v`, whose depth the caller computed and checked (the VM caps it far below
