@@ -40,13 +40,13 @@ class SmallBatches(pickle._Pickler):
     _BATCHSIZE = 3
 
     def _batch_appends(self, items):
-        # Small batches for the trace, Python's own for the rest (frames lists of python stacks).
+        # Batches of three for the trace, Python's own for every other list (frames lists of
+        # python stacks): set for each list, since the trace is saved inside another list.
         items = list(items)
-        if items and isinstance(items[0], dict) and 'action' in items[0]:
-            return super()._batch_appends(items)
-        self._BATCHSIZE = 1000
+        trace = bool(items) and isinstance(items[0], dict) and 'action' in items[0]
+        saved, self._BATCHSIZE = self._BATCHSIZE, (3 if trace else 1000)
         super()._batch_appends(items)
-        self._BATCHSIZE = 3
+        self._BATCHSIZE = saved
 
     def _batch_setitems(self, items):
         self.write(pickle.MARK)

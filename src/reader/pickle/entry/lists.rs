@@ -17,7 +17,8 @@ use crate::reader::value::Value;
 /// Sets, ways in a set, and the most bytes of a list remembered (50 frames by LONG_BINGET).
 const SETS: usize = 64;
 const WAYS: usize = 4;
-pub(super) const LIST_BYTES: usize = 256;
+const LIST_BYTES: usize = 256;
+const _: () = assert!(SETS.is_power_of_two());
 
 /// A frames list folded lately: its bytes after MARK up to and including its APPENDS, the
 /// 16 bytes from its start (which may run past it) as its tag, and its fold (the folded value,
@@ -52,8 +53,9 @@ fn tag_of(w: &[u8; STEP]) -> ([u64; 2], usize) {
     let (a, b) = w.split_at(8);
     let a = u64::from_le_bytes(a.try_into().unwrap_or([0; 8]));
     let b = u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8]));
-    let set = ((a ^ b.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize;
-    ([a, b], set % SETS)
+    // The top bits of a multiplicative hash: as many as index the sets.
+    let set = ((a ^ b.rotate_left(29)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SETS.trailing_zeros())) as usize;
+    ([a, b], set)
 }
 
 impl<S: Sink> Parts<'_, S> {
