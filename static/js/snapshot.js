@@ -196,8 +196,7 @@ function ready() {
     const tl = decodeTimeline(await r.arrayBuffer());
     const dev = (analysis || (await analysisLoaded)).devices.find((d) => d.device === state.device);
     const need = dev && dev.diagnosis ? dev.diagnosis.need : null;
-    timeline.setData(tl, dev ? dev.ooms : [], dev && dev.steps ? dev.steps : [], need, events());
-    timeline.setCursor(state.event);
+    timeline.setData(tl, dev ? dev.ooms : [], dev && dev.steps ? dev.steps : [], need, events(), state.event);
   }
 
   // The sites that hold the most get the palette's colours once the analysis names them;

@@ -422,8 +422,15 @@ fn a_link_opened_cold_restores_the_sort_and_the_selected_blocks_details() {
 /// The first view's data is asked for once, by the head's early module, while the rest of
 /// the page loads: each data request of a page load goes out once (a URL the page built
 /// differently would go out twice), and the page still draws what the link asks for.
+///
+/// And drawn once for each piece of data that changes a drawing, not once more for each
+/// setter and resize it passes through: the map when its state arrives, and again only if the
+/// analysis's colours come after it; the timeline when its columns arrive, and again only if
+/// the map's totals for the cursor come after them. (Before, the map drew three times and the
+/// timeline three or four: the pinners' unchanged highlight and the resize that the map's own
+/// height set each drew again, as did the cursor set after the data.)
 #[test]
-fn a_page_load_asks_for_each_piece_of_its_first_view_once() {
+fn a_page_load_asks_for_and_draws_each_piece_of_its_first_view_once() {
     let Some(d) = driver() else { return };
     let server = TestServer::start(&[]);
     let id = server.upload(&snapshot_path("two_devices"))["id"].as_str().unwrap().to_string();
@@ -452,7 +459,18 @@ fn a_page_load_asks_for_each_piece_of_its_first_view_once() {
             if fragment.contains("r=1-5") {
                 assert!(urls.iter().any(|u| u.contains("timeline?start=1&end=5")), "{urls:?}");
             }
+            // A frame or two for a resize observer's callback to come.
+            js(&c, "return new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(() => done(1))))").await;
+            for canvas in ["segmap", "timeline"] {
+                let draws = js(&c, &format!("return Number(document.getElementById('{canvas}').dataset.draws || 0)")).await;
+                let draws = draws.as_f64().unwrap();
+                assert!((1.0..=2.0).contains(&draws), "{fragment}: #{canvas} was drawn with data {draws} times");
+            }
         }
+        // A window resized is still drawn again at its new size.
+        let before = js(&c, "return Number(document.getElementById('segmap').dataset.draws)").await.as_f64().unwrap();
+        c.set_window_size(900, 1000).await.unwrap();
+        wait_for(&c, &format!("return Number(document.getElementById('segmap').dataset.draws) > {before}")).await;
         c.close().await.unwrap();
     });
 }

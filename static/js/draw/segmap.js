@@ -3,7 +3,7 @@
 // free gaps pinned by live blocks hatched and outlined, the live blocks that pin them outlined.
 // Only visible rows are drawn, and a row never needs more shapes than it has pixels.
 
-import { fit as fitCanvas } from "./canvas.js";
+import { fit as fitCanvas, resized, counted } from "./canvas.js";
 import { LABEL, ROW, BAR, order, fit, runs, hit, rowAt, zoom } from "../data/layout.js";
 import { FREE, PINNED, PENDING, siteColor, siteKey, categoryColor } from "../data/colors.js";
 import { bytes, site } from "../data/format.js";
@@ -68,6 +68,7 @@ export class SegMap {
   }
 
   highlight(siteKeyOrNull) {
+    if (siteKeyOrNull === this.site) return;
     this.site = siteKeyOrNull;
     this.draw();
   }
@@ -100,6 +101,7 @@ export class SegMap {
     const { ctx, w, h } = fitCanvas(c);
     if (!this.hatch) this.hatch = makeHatch(ctx);
     if (!this.map) return;
+    counted(c);
     const width = this.barWidth();
     const visible = Math.ceil(h / ROW);
     const first = Math.max(0, Math.min(this.view.y0, Math.max(0, this.rowOrder.length - visible)));
@@ -260,7 +262,9 @@ export class SegMap {
         this.draw();
       }
     });
-    new ResizeObserver(() => this.draw()).observe(c);
+    new ResizeObserver(() => {
+      if (resized(c)) this.draw();
+    }).observe(c);
   }
 }
 

@@ -4,7 +4,7 @@
 // ends there) against the budget, and a cursor that is dragged or stepped with the arrow keys.
 // Shift-drag selects a range to zoom into.
 
-import { fit as fitCanvas } from "./canvas.js";
+import { fit as fitCanvas, resized, counted } from "./canvas.js";
 import { bucketOf, peak, growth } from "../data/columns.js";
 import { bytes } from "../data/format.js";
 import { stepLabelEvery } from "../data/curves.js";
@@ -25,8 +25,10 @@ export class Timeline {
     this.bind();
   }
 
-  setData(tl, ooms, steps = [], need = null, events = 0) {
+  /** The columns to draw, with the cursor's event where the caller moves it as well (one drawing). */
+  setData(tl, ooms, steps = [], need = null, events = 0, cursor = this.cursor) {
     this.tl = tl;
+    this.cursor = cursor;
     this.ooms = ooms;
     this.steps = steps;
     this.need = need;
@@ -70,6 +72,7 @@ export class Timeline {
     const { ctx, w, h } = fitCanvas(c);
     const tl = this.tl;
     if (!tl || tl.n === 0) return;
+    counted(c);
     const lines = this.needLines();
     const top = Math.max(peak(tl, ["reserved_bytes"]), lines ? Math.max(lines.need, lines.budget) : 0) * 1.05 || 1;
     const y = (v) => h - PAD.b - (v / top) * (h - PAD.t - PAD.b);
@@ -245,6 +248,8 @@ export class Timeline {
       const step = ev.shiftKey ? by * bucket : by;
       this.onCursor(Math.min(this.tl.end - 1, Math.max(this.tl.start, this.cursor + step)));
     });
-    new ResizeObserver(() => this.draw()).observe(c);
+    new ResizeObserver(() => {
+      if (resized(c)) this.draw();
+    }).observe(c);
   }
 }
