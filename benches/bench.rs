@@ -20,6 +20,8 @@ struct Measure {
 /// Runs `cmd` to its end; wall time and the child's peak RSS.
 fn measure(cmd: &mut Command) -> Measure {
     let start = Instant::now();
+    // Reaped by wait4 below, which gives its peak RSS too.
+    #[expect(clippy::zombie_processes)]
     let child = cmd.stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().expect("spawn");
     let mut status = 0;
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };

@@ -138,8 +138,10 @@ fn main() {
         c.close().await.unwrap();
         (ready, draws)
     });
-    let _ = driver.kill();
-    let _ = server.kill();
+    for child in [&mut driver, &mut server] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     println!(
         "snapshot: {} (3,000,000 events); upload {upload_s:.1} s, analysed and stored {stored_s:.1} s after it began\n",
         snapshot.display()

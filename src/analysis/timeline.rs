@@ -354,8 +354,10 @@ mod tests {
 
     #[test]
     fn downsampling_keeps_spikes() {
-        let mut t = Timeline::default();
-        t.reserved_bytes = (0..1000).map(|i| if i == 500 { 10_000 } else { i }).collect();
+        let mut t = Timeline {
+            reserved_bytes: (0..1000).map(|i| if i == 500 { 10_000 } else { i }).collect(),
+            ..Timeline::default()
+        };
         for c in
             [&mut t.allocated_bytes, &mut t.active_bytes, &mut t.pinned_free_bytes, &mut t.largest_free_block_bytes]
         {

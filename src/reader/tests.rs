@@ -69,12 +69,8 @@ fn truncation_anywhere_is_an_error() {
 #[test]
 fn deep_nesting_is_capped() {
     let mut bytes = b"\x80\x04".to_vec();
-    for _ in 0..100_000 {
-        bytes.push(b']');
-    }
-    for _ in 0..99_999 {
-        bytes.push(b'a');
-    }
+    bytes.extend(std::iter::repeat_n(b']', 100_000));
+    bytes.extend(std::iter::repeat_n(b'a', 99_999));
     bytes.push(b'.');
     let e = err(&bytes);
     assert!(matches!(e.kind, ErrorKind::Limit { what: "nesting depth", .. }), "{e}");

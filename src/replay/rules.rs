@@ -134,8 +134,7 @@ mod tests {
         assert_eq!(r.round_size(1), 512);
         assert_eq!(r.round_size(513), 1024);
         assert_eq!(r.round_size(545259520), 545259520);
-        let mut four = Rules::default();
-        four.divisions = [4; 16];
+        let four = Rules { divisions: [4; 16], ..Rules::default() };
         // 1200 MiB with 4 divisions of [1024, 2048) rounds up to 1280 MiB.
         assert_eq!(four.round_size(1200 * MIB), 1280 * MIB);
         assert_eq!(four.round_size(1024 * MIB), 1024 * MIB);

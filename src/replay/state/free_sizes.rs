@@ -94,7 +94,7 @@ mod tests {
         for _ in 0..50_000 {
             let x = next();
             let size = (x % 97) * 512;
-            if x % 3 == 0 && !truth.is_empty() {
+            if x.is_multiple_of(3) && !truth.is_empty() {
                 let victim = truth.remove((x >> 20) as usize % truth.len());
                 sizes.remove(victim);
             } else {

@@ -71,9 +71,9 @@ mod tests {
         for i in 0..20_000u32 {
             let x = next();
             let key = PoolKey { private: (x % 3) as u32, small: x & 8 != 0 };
-            let size = if x % 7 == 0 { ends[(x >> 8) as usize % ends.len()] } else { (x >> 20) % 64 * 512 };
+            let size = if x.is_multiple_of(7) { ends[(x >> 8) as usize % ends.len()] } else { (x >> 20) % 64 * 512 };
             let k: FreeKey = (key, (x >> 4) as u16 % 2, size, ((x >> 30) << 20) | i as u64, i);
-            if x % 4 == 0 && !truth.is_empty() {
+            if x.is_multiple_of(4) && !truth.is_empty() {
                 let victim = *truth.iter().nth((x >> 40) as usize % truth.len()).unwrap();
                 truth.remove(&victim);
                 set.remove(&victim);
