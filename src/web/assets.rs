@@ -46,9 +46,7 @@ pub(crate) const ASSETS: &[(&str, &str, &[u8])] = assets! {
 
 fn etags() -> &'static Vec<String> {
     static TAGS: OnceLock<Vec<String>> = OnceLock::new();
-    TAGS.get_or_init(|| {
-        ASSETS.iter().map(|(_, _, bytes)| tag(bytes)).collect()
-    })
+    TAGS.get_or_init(|| ASSETS.iter().map(|(_, _, bytes)| tag(bytes)).collect())
 }
 
 /// An ETag from the content.

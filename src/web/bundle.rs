@@ -86,7 +86,9 @@ fn read(path: &str, text: &str) -> Result<Module, String> {
     for (n, line) in text.lines().enumerate() {
         let at = || format!("static/{path}:{}", n + 1);
         if line.starts_with("import ") || line.starts_with("import{") {
-            m.imports.push(import(path, line).ok_or_else(|| format!("{}: an import not of the form this bundler takes", at()))?);
+            m.imports.push(
+                import(path, line).ok_or_else(|| format!("{}: an import not of the form this bundler takes", at()))?,
+            );
             continue;
         }
         if let Some(rest) = line.strip_prefix("export ") {
@@ -188,7 +190,8 @@ mod tests {
         assert_eq!(resolve("js/draw/segmap.js", "../data/layout.js").as_deref(), Some("js/data/layout.js"));
         assert_eq!(resolve("js/snapshot.js", "./data/columns.js").as_deref(), Some("js/data/columns.js"));
         assert_eq!(resolve("js/snapshot.js", "data/columns.js"), None);
-        let (from, names) = import("js/draw/active.js", "import { fit as fitCanvas, x } from \"./canvas.js\";").unwrap();
+        let (from, names) =
+            import("js/draw/active.js", "import { fit as fitCanvas, x } from \"./canvas.js\";").unwrap();
         assert_eq!(from, "js/draw/canvas.js");
         assert_eq!(names, vec![("fit".into(), "fitCanvas".into()), ("x".into(), "x".into())]);
     }

@@ -460,9 +460,11 @@ fn a_page_load_asks_for_and_draws_each_piece_of_its_first_view_once() {
                 assert!(urls.iter().any(|u| u.contains("timeline?start=1&end=5")), "{urls:?}");
             }
             // A frame or two for a resize observer's callback to come.
-            js(&c, "return new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(() => done(1))))").await;
+            js(&c, "return new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(() => done(1))))")
+                .await;
             for canvas in ["segmap", "timeline"] {
-                let draws = js(&c, &format!("return Number(document.getElementById('{canvas}').dataset.draws || 0)")).await;
+                let draws =
+                    js(&c, &format!("return Number(document.getElementById('{canvas}').dataset.draws || 0)")).await;
                 let draws = draws.as_f64().unwrap();
                 assert!((1.0..=2.0).contains(&draws), "{fragment}: #{canvas} was drawn with data {draws} times");
             }

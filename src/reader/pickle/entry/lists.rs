@@ -92,7 +92,15 @@ impl<S: Sink> Parts<'_, S> {
     }
 
     /// Keeps a folded frames list, its body `buf[body..=end]`, for [`Parts::repeated_list`].
-    pub(super) fn remember_list(&mut self, buf: &[u8], body: usize, end: usize, folded: Value, count: usize, depth: u32) {
+    pub(super) fn remember_list(
+        &mut self,
+        buf: &[u8],
+        body: usize,
+        end: usize,
+        folded: Value,
+        count: usize,
+        depth: u32,
+    ) {
         let (Some(bytes), Some(w)) = (buf.get(body..=end), step(buf, body)) else { return };
         if bytes.len() > LIST_BYTES {
             return;
