@@ -18,7 +18,8 @@ use crate::reader::value::Value;
 const SETS: usize = 64;
 const WAYS: usize = 4;
 const LIST_BYTES: usize = 256;
-const _: () = assert!(SETS.is_power_of_two());
+// A power of two above one: `tag_of` shifts by 64 less its bits.
+const _: () = assert!(SETS.is_power_of_two() && SETS > 1);
 
 /// A frames list folded lately: its bytes after MARK up to and including its APPENDS, the
 /// 16 bytes from its start (which may run past it) as its tag, and its fold (the folded value,
