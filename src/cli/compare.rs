@@ -16,19 +16,19 @@ fn analysed(file: &Path) -> Result<Analysis, (std::path::PathBuf, IngestError)> 
 }
 
 /// Compares `a` (before) with `b` (after) and prints the comparison.
-pub(crate) fn run(a: &Path, b: &Path, json: bool) -> Result<(), (std::path::PathBuf, IngestError)> {
-    let (x, y) = (analysed(a)?, analysed(b)?);
+pub(super) fn run(a: &Path, b: &Path, json: bool) -> Result<(), (std::path::PathBuf, super::Failed)> {
+    let read = |f: &Path| analysed(f).map_err(|(p, e)| (p, super::Failed::Read(e)));
+    let (x, y) = (read(a)?, read(b)?);
     let c = compare(&x, &y);
-    let mut out = std::io::stdout().lock();
-    let written = if json {
-        serde_json::to_writer_pretty(&mut out, &c).map_err(std::io::Error::from).and_then(|()| writeln!(out))
-    } else {
-        write_text(&mut out, a, b, &c)
-    };
-    match written {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err((a.to_path_buf(), IngestError::Io(e))),
-        _ => Ok(()),
-    }
+    super::to_stdout(|out| {
+        if json {
+            serde_json::to_writer_pretty(&mut *out, &c).map_err(std::io::Error::from)?;
+            writeln!(out)
+        } else {
+            write_text(out, a, b, &c)
+        }
+    })
+    .map_err(|e| (a.to_path_buf(), super::Failed::Write(e)))
 }
 
 fn change(p: &Pair) -> String {

@@ -1,6 +1,7 @@
 //! A full disk, for real: the server's data folder on a 4 MiB tmpfs (mounting needs root, as
 //! CI runs; elsewhere the test says why it skipped). Uploads answer 507 while it is full, links
-//! keep opening, and once space is freed uploads work again.
+//! keep opening, and once space is freed uploads work again. The command line's report to a
+//! full disk (`/dev/full`) fails by name.
 
 use std::process::Command;
 
@@ -126,4 +127,43 @@ fn a_write_that_fills_the_disk_releases_the_database_and_a_202_means_stored() {
     for id in answered.iter().chain([&first]) {
         assert_eq!(server.get(&format!("/api/v1/snapshots/{id}")).status().as_u16(), 200, "{id} lost");
     }
+}
+
+/// The command line's report goes out through a buffer: a full disk under standard output
+/// (`/dev/full`) still fails, exit 1, naming standard output rather than the input file (a
+/// buffer flushed only as it is dropped would lose that error and exit 0), for `analyze` and
+/// `compare`, text and JSON; a reader that closed the pipe is not an error.
+#[test]
+fn a_report_written_to_a_full_disk_fails_by_name_and_a_closed_pipe_does_not() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        skipped("no /dev/full on this system");
+        return;
+    };
+    let file = snapshot_path("seed_frag_default");
+    let commands: [&[&str]; 4] = [&["analyze"], &["analyze", "--json"], &["compare"], &["compare", "--json"]];
+    for args in commands {
+        let mut cmd = Command::new(bin());
+        cmd.args(args).arg(&file);
+        if args[0] == "compare" {
+            cmd.arg(&file);
+        }
+        let out = cmd.stdout(full.try_clone().unwrap()).stderr(std::process::Stdio::piped()).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains("cannot write the report to standard output"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("could not read"), "{args:?}: the input was read: {stderr}");
+    }
+    // A reader gone before the report is written (`| head` that has had its lines): the
+    // write meets a closed pipe. The child reads and analyses first, for milliseconds; the pipe
+    // is closed at once.
+    let mut child = Command::new(bin())
+        .args(["analyze", "--json"])
+        .arg(&file)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "a closed pipe: {}", String::from_utf8_lossy(&out.stderr));
 }
