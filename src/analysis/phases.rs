@@ -228,12 +228,12 @@ pub fn phases(snapshot: &Snapshot, device: i64, events: &[Event], first: usize) 
     let (mut phase, mut step, mut cursor) = (Phase::Other, 0u32, RangeCursor::new());
     let (mut saw_optimizer, mut stepped) = (false, false);
     let (mut passes, mut in_pass) = (Vec::new(), false);
+    // Most traces have no optimizer range: then no event's time is read.
+    let mut times = (!ranges.is_empty()).then(|| snapshot.times.iter(first..first + events.len()));
     for (i, e) in events.iter().enumerate() {
         let mut t = tag_cached(snapshot, &mut tags, e.stack);
         let mut in_closure = false;
-        // Most traces have no optimizer range: then no event's time is looked up.
-        if !ranges.is_empty()
-            && let Some(time) = snapshot.time(first + i)
+        if let Some(Some(time)) = times.as_mut().and_then(Iterator::next)
             && let Some(r) = cursor.at(&ranges, time)
         {
             in_closure = time <= ranges[r].closure_until;
@@ -302,8 +302,8 @@ fn optimizer_ranges_with_closures(
         return ranges;
     }
     let mut cursor = RangeCursor::new();
-    for (i, e) in events.iter().enumerate() {
-        let Some(time) = snapshot.time(first + i) else { continue };
+    for (e, time) in events.iter().zip(snapshot.times.iter(first..first + events.len())) {
+        let Some(time) = time else { continue };
         if let Some(r) = cursor.at(&ranges, time)
             && matches!(tag_cached(snapshot, tags, e.stack), Tag::Forward | Tag::Backward)
         {
