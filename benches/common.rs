@@ -68,7 +68,7 @@ pub fn wait_ready(http: &reqwest::blocking::Client, base: &str, id: &str, poll: 
 /// The machine a bench ran on, printed above its figures (#33: a figure is the machine's as
 /// much as the code's): the CPU model, the cores this process may use, and how busy the
 /// machine was over the last minute before the bench (a second core taken by something else
-/// halves what the parse and the hash can share).
+/// halves what the parse and the hash can share), and its memory's two figures (`memory`).
 pub fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
@@ -90,9 +90,36 @@ pub fn machine() -> String {
     let probe = fragscope::machine::cores::probe();
     // As the reader decides: up to two more probes where this one finds the core busy.
     let second = if fragscope::machine::cores::free_after(&probe) { "free" } else { "not free" };
+    let memory = memory();
     format!(
         "machine: {model}, {cores} cores available, {busy}; second core {second} (a thread beside this one kept {}% of \
-         its lone pace, this one {}%)",
+         its lone pace, this one {}%); memory: {memory}",
         probe.second_share, probe.first_share
     )
+}
+
+/// Bytes each memory measure writes.
+const MEASURE_BYTES: usize = 64 << 20;
+
+/// What a page of fresh memory costs, and how fast memory already mapped is written: the two
+/// machine figures that moved `analyze` most between machines and hours (a 2-core VM's first
+/// write to a page took 1.9-2.4 us, ten times the write of a mapped page; the machine the
+/// issue was measured on ran fragscope 2x slower and Python 1.2x). Best of three each.
+fn memory() -> String {
+    let (mut fresh_us, mut gbs) = (f64::MAX, 0f64);
+    for _ in 0..3 {
+        // Zeroed this large, the allocator maps fresh pages and writes none of them.
+        let mut v = vec![0u8; MEASURE_BYTES];
+        let start = std::time::Instant::now();
+        for i in (0..v.len()).step_by(4096) {
+            v[i] = 1;
+        }
+        std::hint::black_box(&v);
+        fresh_us = fresh_us.min(start.elapsed().as_secs_f64() * 1e6 / (MEASURE_BYTES / 4096) as f64);
+        let start = std::time::Instant::now();
+        v.fill(2);
+        std::hint::black_box(&v);
+        gbs = gbs.max(MEASURE_BYTES as f64 / start.elapsed().as_secs_f64() / 1e9);
+    }
+    format!("a fresh page's first write {fresh_us:.2} us, writes to mapped pages {gbs:.1} GB/s")
 }
