@@ -304,8 +304,8 @@ fn failed(file: &std::path::Path, e: Failed) -> ExitCode {
 
 /// Writes a report to standard output through one buffer, flushed before the answer: a
 /// pretty-printed report of a real trace is tens of thousands of lines, and standard output
-/// alone writes each line with a system call of its own (77,000 on train_big: 0.1 s of CPU,
-/// as much as its whole replay). The buffer's own flush on drop would lose a failure (a full
+/// alone writes each line with a system call of its own (77,000 on train_big: 0.1 s of CPU
+/// of the run's 0.97). The buffer's own flush on drop would lose a failure (a full
 /// disk) unseen. A closed pipe (`| head`) is not an error worth reporting.
 fn to_stdout(
     write: impl FnOnce(&mut std::io::BufWriter<std::io::StdoutLock<'static>>) -> std::io::Result<()>,
