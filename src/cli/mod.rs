@@ -136,7 +136,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Simulate { file, device, conf, mempool, reuse, capacity, json } => {
             let settings = crate::simulate::Settings { conf, capacity, mempool, reuse, shrink: None };
             match simulate::simulate(&file, device, &settings, json) {
-                Ok(Ok(())) => ExitCode::SUCCESS,
+                Ok(Ok(text)) => print_text(&file, &text),
                 Ok(Err(usage)) => {
                     eprintln!("fragscope: {}: {usage}", file.display());
                     ExitCode::from(2)
@@ -149,10 +149,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Err((file, e)) => failed(&file, e),
         },
         Command::State { file, event, device } => match state(&file, &event, device) {
-            Ok(Ok(text)) => {
-                print!("{text}");
-                ExitCode::SUCCESS
-            }
+            Ok(Ok(text)) => print_text(&file, &text),
             Ok(Err(usage)) => {
                 eprintln!("fragscope: {}: {usage}", file.display());
                 ExitCode::from(2)
@@ -299,6 +296,15 @@ fn failed(file: &std::path::Path, e: Failed) -> ExitCode {
             eprintln!("fragscope: cannot write the report to standard output: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// Prints a command's text (`state`, `simulate`) as the reports are printed: a full disk is
+/// exit 1 by name, not a panic or a silent success.
+fn print_text(file: &std::path::Path, text: &str) -> ExitCode {
+    match to_stdout(|out| out.write_all(text.as_bytes())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => failed(file, Failed::Write(e)),
     }
 }
 

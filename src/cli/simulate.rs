@@ -11,7 +11,7 @@ pub(super) fn simulate(
     device: Option<i64>,
     settings: &crate::simulate::Settings,
     json: bool,
-) -> Result<Result<(), String>, IngestError> {
+) -> Result<Result<String, String>, IngestError> {
     let snap = ingest::ingest_path(file, &options())?.snapshot;
     let d = match pick_device(&snap, device) {
         Ok(d) => d,
@@ -71,9 +71,7 @@ pub(super) fn simulate(
             let _ = writeln!(text, "{}", step_still_needs(&snap, d, at, settings.capacity));
         }
     }
-    // A closed pipe (`| head`) is not an error worth a panic.
-    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
-    Ok(Ok(()))
+    Ok(Ok(text))
 }
 
 /// What a replay that got past the trace's OOM cannot show: the rest of the step, which the

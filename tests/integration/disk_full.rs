@@ -131,8 +131,9 @@ fn a_write_that_fills_the_disk_releases_the_database_and_a_202_means_stored() {
 
 /// The command line's report goes out through a buffer: a full disk under standard output
 /// (`/dev/full`) still fails, exit 1, naming standard output rather than the input file (a
-/// buffer flushed only as it is dropped would lose that error and exit 0), for `analyze` and
-/// `compare`, text and JSON; a reader that closed the pipe is not an error.
+/// buffer flushed only as it is dropped would lose that error and exit 0), for every command
+/// that prints (`state` panicked there before, `simulate` exited 0); a reader that closed the
+/// pipe is not an error.
 #[test]
 fn a_report_written_to_a_full_disk_fails_by_name_and_a_closed_pipe_does_not() {
     let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
@@ -140,7 +141,15 @@ fn a_report_written_to_a_full_disk_fails_by_name_and_a_closed_pipe_does_not() {
         return;
     };
     let file = snapshot_path("seed_frag_default");
-    let commands: [&[&str]; 4] = [&["analyze"], &["analyze", "--json"], &["compare"], &["compare", "--json"]];
+    let commands: [&[&str]; 7] = [
+        &["analyze"],
+        &["analyze", "--json"],
+        &["compare"],
+        &["compare", "--json"],
+        &["state"],
+        &["simulate"],
+        &["simulate", "--json"],
+    ];
     for args in commands {
         let mut cmd = Command::new(bin());
         cmd.args(args).arg(&file);
