@@ -198,27 +198,11 @@ impl Times {
 
     /// The times of the events in `range`, in order: what [`Times::get`] gives for each,
     /// reading on through each block rather than finding each event's block again (a pass
-    /// over every event's time asked `get` six million times on train_big).
-    pub fn iter(&self, range: std::ops::Range<usize>) -> impl Iterator<Item = Option<i64>> + '_ {
-        let range = range.start.min(self.len)..range.end.min(self.len);
-        let first = range.start >> BLOCK_BITS;
-        let last = if range.is_empty() { first } else { ((range.end - 1) >> BLOCK_BITS) + 1 };
-        (first..last).flat_map(move |k| {
-            let b = self.blocks[k];
-            let (from, to) = ((k << BLOCK_BITS).max(range.start), ((k + 1) << BLOCK_BITS).min(range.end));
-            let at = b.start as usize + (from & BLOCK_MASK);
-            let n = to - from;
-            let (wide, narrow) =
-                if b.wide { (&self.wide[at..at + n], &[][..]) } else { (&[][..], &self.narrow[at..at + n]) };
-            let time = move |i: usize, d: u32| match d {
-                NONE => None,
-                FAR => self.far_time(i),
-                d => Some(b.base + d as i64),
-            };
-            let wide = wide.iter().enumerate().map(move |(j, &d)| time(from + j, d));
-            let narrow = narrow.iter().enumerate().map(move |(j, &d)| time(from + j, widen(d)));
-            wide.chain(narrow)
-        })
+    /// over every event's time asked `get` six million times on train_big). 1.4 ns an event
+    /// against 1.7 for `get` inlined (3M events summed), whatever the inliner chooses.
+    pub fn iter(&self, range: std::ops::Range<usize>) -> Iter<'_> {
+        let (i, end) = (range.start.min(self.len), range.end.min(self.len));
+        Iter { times: self, i, end: end.max(i), block_end: i, block: None, at: 0 }
     }
 
     fn far_time(&self, index: usize) -> Option<i64> {
@@ -235,6 +219,51 @@ impl Times {
         out
     }
 }
+
+/// The times of a range of events, in order ([`Times::iter`]).
+pub struct Iter<'a> {
+    times: &'a Times,
+    i: usize,
+    end: usize,
+    /// Where the block read now ends, and where its offsets are (in `narrow` or `wide`).
+    block_end: usize,
+    block: Option<Block>,
+    at: usize,
+}
+
+impl Iterator for Iter<'_> {
+    type Item = Option<i64>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Option<i64>> {
+        if self.i >= self.end {
+            return None;
+        }
+        // The first call loads the first block too (`block_end` starts at the range's start).
+        if self.i == self.block_end {
+            let b = self.times.blocks[self.i >> BLOCK_BITS];
+            self.block = Some(b);
+            self.at = b.start as usize + (self.i & BLOCK_MASK);
+            self.block_end = ((self.i | BLOCK_MASK) + 1).min(self.end);
+        }
+        let b = self.block?;
+        let d = if b.wide { self.times.wide[self.at] } else { widen(self.times.narrow[self.at]) };
+        let i = self.i;
+        (self.i, self.at) = (i + 1, self.at + 1);
+        Some(match d {
+            NONE => None,
+            FAR => self.times.far_time(i),
+            d => Some(b.base + d as i64),
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.end - self.i;
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for Iter<'_> {}
 
 /// A narrow block's offset as a wide block's, its markers included.
 fn widen(d: u16) -> u32 {
