@@ -161,6 +161,9 @@ fn replay_table(path: &Path) {
     let mut last = None;
     let mut fast = 0;
     let mut later_part = None;
+    // The forced two-part reads' split: walk, read, the earlier part's wait, the take-in.
+    let mut split_ms: [Vec<f64>; 4] = Default::default();
+    let mut stopped = 0;
     for _ in 0..RUNS {
         // Each way alternated with the default, which probes for a free core and picks. Without
         // the hash, as the command line reads a file: a hashing thread beside the read takes
@@ -169,8 +172,14 @@ fn replay_table(path: &Path) {
         for (parts, times) in [(None, &mut one_s), (Some(forced), &mut two_s)] {
             let options = ingest::Options { two_parts: parts, hash: false, ..ingest::Options::default() };
             let t = Instant::now();
-            std::hint::black_box(ingest::ingest_path(path, &options).expect("ingest"));
+            let ingested = std::hint::black_box(ingest::ingest_path(path, &options).expect("ingest"));
             times.push(t.elapsed().as_secs_f64());
+            if let (Some(_), Some(l)) = (parts, &ingested.later_part) {
+                for (ms, d) in split_ms.iter_mut().zip([l.walked, l.read, l.waited, l.took_in]) {
+                    ms.push(d.as_secs_f64() * 1e3);
+                }
+                stopped += usize::from(l.stopped);
+            }
         }
         let t = Instant::now();
         let ingested = ingest::ingest_path(path, &ingest::Options::default()).expect("ingest");
@@ -224,7 +233,7 @@ fn replay_table(path: &Path) {
         |r: &std::ops::Range<u64>| 100.0 * (r.end - r.start) as f64 / std::fs::metadata(path).unwrap().len() as f64;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let chose = match &later_part {
-        Some(r) => format!("two parts, a second thread reading {:.0}% of the file", share(r)),
+        Some(l) => format!("two parts, a second thread reading {:.0}% of the file", share(&l.bytes)),
         None => "one part".to_string(),
     };
     println!(
@@ -238,6 +247,12 @@ fn replay_table(path: &Path) {
         "| ingest in two parts, no hash (as `analyze` reads), alternated with the above | {:.2} s | |",
         common::median(two_s)
     );
+    if split_ms[0].len() == RUNS {
+        let [walk, read, wait, take] = split_ms.map(common::median);
+        println!(
+            "| of which the second thread's walk to its start, then its read; the first thread's wait for it at the start, then its take-in (the second stopped midway in {stopped} of {RUNS}: `TwoParts::overtake`) | {walk:.0}, {read:.0}; {wait:.0}, {take:.0} ms | |"
+        );
+    }
     println!(
         "| replay index + all series + analysis | {ana:.2} s ({:.0}% of ingest) | at most 50% of ingest: {} |",
         100.0 * ana / ing,

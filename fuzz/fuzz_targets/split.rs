@@ -2,8 +2,10 @@
 //! read in one, on arbitrary bytes: neither may panic, and both must end with the same model or
 //! the same error. The split is forced wherever one is possible (the first list of two batches,
 //! from its start), at a place the first byte chooses; where that byte is odd, paced (where
-//! the threads' speeds put it), from the same place on. Seed it with `corpus/split` (small
-//! snapshots whose trace is written in batches of three) and the reader's corpus.
+//! the threads' speeds put it), from the same place on; where the second is odd, the later
+//! part is stopped midway if it still reads when the earlier part gets there. Seed it with
+//! `corpus/split` (small snapshots whose trace is written in batches of three) and the
+//! reader's corpus.
 #![no_main]
 
 use std::io::Write;
@@ -31,7 +33,11 @@ fuzz_target!(|data: &[u8]| {
     }
     let later_share = 50 + share as u64 * 900 / 255;
     let pace = share % 2 == 1;
-    let forced = TwoParts { min_bytes: 0, min_items: 2, fork_share: 0, quiet: 0, later_share, pace, measure: false };
+    // Where the second byte is odd, the earlier part stops a later part still reading when it
+    // gets to its start, and reads the rest itself.
+    let overtake = if data.get(1).is_some_and(|b| b % 2 == 1) { 0 } else { u64::MAX };
+    let forced =
+        TwoParts { min_bytes: 0, min_items: 2, fork_share: 0, quiet: 0, later_share, pace, overtake, measure: false };
     let two = read(file.path(), Some(forced));
     let one = read(file.path(), None);
     assert!(one == two, "one part and two differ:\none: {one:.2000}\ntwo: {two:.2000}");

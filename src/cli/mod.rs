@@ -118,6 +118,9 @@ fn parse_device(s: &str) -> Result<i64, String> {
 
 /// Runs a command; the exit code is 0 on success, 1 on an error, 2 on bad input.
 pub fn run(cli: Cli) -> ExitCode {
+    if !matches!(cli.command, Command::Serve(_)) {
+        log_if_asked();
+    }
     match cli.command {
         Command::Serve(config) => serve(config),
         Command::Mcp => match mcp::run() {
@@ -201,6 +204,14 @@ fn state(file: &std::path::Path, event: &str, device: Option<i64>) -> Result<Res
         },
     };
     Ok(Ok(segmap::render(&snap, &state, &title)))
+}
+
+/// The commands other than `serve` log only where `FRAGSCOPE_LOG` asks (to standard error):
+/// `FRAGSCOPE_LOG=debug` tells how a big file's read in two parts went.
+fn log_if_asked() {
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("FRAGSCOPE_LOG") {
+        tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false).with_writer(std::io::stderr).init();
+    }
 }
 
 fn serve(config: crate::config::Config) -> ExitCode {

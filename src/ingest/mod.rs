@@ -18,6 +18,8 @@ mod two_parts;
 
 use input::{Counted, Peek, Prefetch, RatioCap, SharedCount, read_full};
 
+/// How a read in two parts went: [`Ingested::later_part`].
+pub use crate::reader::LaterPart;
 use crate::reader::{self, Failure, Limits, ReadError};
 use crate::snapshot::{self, ModelError, Snapshot, SnapshotSink, Source};
 
@@ -74,6 +76,10 @@ pub struct TwoParts {
     /// from how far the first has come while the second walked (see `reader::Split::pace`);
     /// else right there.
     pub pace: bool,
+    /// The first part, at the second's start while the second still reads, stops it and reads
+    /// the rest itself where it has read this much faster (thousandths; see
+    /// `reader::Split::overtake`).
+    pub overtake: u64,
     /// Probe for a free second core before each such read (false: always two parts).
     pub measure: bool,
 }
@@ -104,6 +110,7 @@ impl Default for TwoParts {
             quiet: 4000,
             later_share: 300,
             pace: true,
+            overtake: 1500,
             measure: true,
         }
     }
@@ -119,8 +126,9 @@ pub struct Ingested {
     /// Dicts the reader's fast path for trace entries read (the rest went through its general
     /// machine): what the tests and the bench check the fast path by.
     pub fast_dicts: u64,
-    /// The bytes a second thread read, where the file was read in two parts.
-    pub later_part: Option<std::ops::Range<u64>>,
+    /// The bytes a second thread read and how its time went, where the file was read in two
+    /// parts.
+    pub later_part: Option<LaterPart>,
 }
 
 /// Why bytes are not a snapshot we can read.
@@ -297,7 +305,7 @@ struct Model {
     snapshot: Snapshot,
     protocol: Option<u8>,
     fast_dicts: u64,
-    later_part: Option<std::ops::Range<u64>>,
+    later_part: Option<LaterPart>,
 }
 
 fn decode_any<P: Peek>(raw: &mut P, options: &Options) -> Result<Decoded, IngestError> {

@@ -64,10 +64,25 @@ pub(super) fn ingest<T>(
         quiet: parts.quiet,
         later_share: parts.later_share,
         pace: parts.pace,
+        overtake: parts.overtake,
     };
     let mut sink = SnapshotSink::new(options.max_events).within(options.memory);
     let limits = options.limits_within();
     let parsed = reader::read_pickle_split(split, &limits, &mut sink);
+    if let Ok(reader::Parsed { later_part: Some(l), .. }) = &parsed {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        tracing::debug!(
+            from = l.bytes.start,
+            to = l.bytes.end,
+            forked_at = l.forked_at,
+            walked_ms = ms(l.walked),
+            read_ms = ms(l.read),
+            waited_ms = ms(l.waited),
+            took_in_ms = ms(l.took_in),
+            stopped = l.stopped,
+            "read in two parts"
+        );
+    }
     // The hash is finished beside the model's build and `then`: the parts leave it little of
     // either core while they read.
     let made = model(parsed, sink, "", options.memory).map(|m| {

@@ -57,8 +57,31 @@ pub struct Parsed {
     pub bytes_read: u64,
     /// Dicts the entry fast path read (the general machine read the rest).
     pub fast_dicts: u64,
-    /// The bytes a second thread read, where a split read took its part in.
-    pub later_part: Option<std::ops::Range<u64>>,
+    /// The bytes a second thread read and how its time went, where a split read took its
+    /// part in.
+    pub later_part: Option<LaterPart>,
+}
+
+/// How the later part of a read in two parts went ([`Split`]), for the bench and the log: a
+/// machine whose second core is slower or shared shows here as a wait.
+#[derive(Debug, Clone)]
+pub struct LaterPart {
+    /// The bytes the second thread read.
+    pub bytes: std::ops::Range<u64>,
+    /// Where the earlier part was when it started the later one.
+    pub forked_at: u64,
+    /// The later part's walk to its start,
+    pub walked: std::time::Duration,
+    /// and its read from there.
+    pub read: std::time::Duration,
+    /// How long the earlier part, at the start, waited for the later part to finish (about
+    /// zero where it had),
+    pub waited: std::time::Duration,
+    /// and how long taking it in took.
+    pub took_in: std::time::Duration,
+    /// The earlier part, there first and reading faster, stopped the later part at its next
+    /// batch and read the rest itself ([`Split::overtake`]).
+    pub stopped: bool,
 }
 
 /// Most fields a sink folds dicts by (see [`Sink::field`]).

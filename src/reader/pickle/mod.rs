@@ -44,8 +44,8 @@ pub(super) struct Vm<'a, R, S> {
     /// Dicts the fast path read since it last left one to the general machine: new frames
     /// make it do so, and a split waits until they have become rare (`split.rs`).
     fast_streak: u64,
-    /// The bytes a later part read, once taken in.
-    later_part: Option<std::ops::Range<u64>>,
+    /// The later part, once taken in.
+    later_part: Option<crate::reader::LaterPart>,
     protocol: Option<u8>,
     /// Offset of the opcode being run, for errors.
     at: u64,
@@ -53,7 +53,7 @@ pub(super) struct Vm<'a, R, S> {
     parts: Option<Box<dyn split::Parts<R, S> + 'a>>,
     /// The later part's reader stops where its list ends: at an opcode other than MARK or
     /// FRAME with no MARK open (or when the flag is set: the earlier part gave up on it).
-    part_ends: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    part_ends: Option<std::sync::Arc<split::Control>>,
 }
 
 impl<'a, R: Read, S: Sink> Vm<'a, R, S> {

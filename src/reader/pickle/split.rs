@@ -22,6 +22,7 @@
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
 
 use super::walk::{Pace, Start, walk};
 use super::{Failure, Vm};
@@ -64,6 +65,13 @@ pub struct Split {
     /// (a virtual machine's, shared with others), the earlier part finished up to a fifth of
     /// the read after the later one, or waited as long for it.
     pub pace: bool,
+    /// Where the earlier part reaches the later part's start while the later part still reads,
+    /// and has read at least this much faster meanwhile (thousandths: 1500, half again as
+    /// fast), it stops the later part, which ends at its next batch, and reads the rest of the
+    /// list itself rather than wait. A pace is a forecast: a second core that another process
+    /// takes after it (or a virtual machine's, shared) would keep the earlier part waiting
+    /// for as long as it is slowed. 0: stop whenever it still reads; `u64::MAX`: never.
+    pub overtake: u64,
 }
 
 /// Reads a pickle as [`super::read`] does, with the list that holds most of it (a trace)
@@ -132,6 +140,8 @@ struct Running<S> {
     mark: Mark,
     /// Values the list held when copied.
     kept: usize,
+    /// Where the earlier part was when it forked.
+    forked_at: u64,
     /// Where the later part starts, once its walk found it (0: nowhere), and the walk's
     /// answer to come until then. The start is never before `target`.
     start: Option<u64>,
@@ -139,7 +149,7 @@ struct Running<S> {
     target: u64,
     /// Where the earlier part is, for a paced walk: it never waits for the walk's answer.
     earlier: Option<Arc<AtomicU64>>,
-    cancel: Arc<AtomicBool>,
+    control: Arc<Control>,
     done: mpsc::Receiver<Option<Box<Later<S>>>>,
     /// The later part's thread, joined when the earlier part drops it, so that no copy of
     /// the state outlives the read.
@@ -157,9 +167,63 @@ struct Later<S> {
     fast_dicts: u64,
     batch: bool,
     stack: Vec<Value>,
+    /// The walk's time and the read's, and whether the earlier part stopped it.
+    walked: Duration,
+    read: Duration,
+    stopped: bool,
+}
+
+/// What the two parts share while the later one goes: the flag that stops it (at its next
+/// batch, or its walk at its next step), and how far its read has come, for the earlier part
+/// to judge whether to wait for it ([`Split::overtake`]).
+pub(super) struct Control {
+    pub(super) stop: AtomicBool,
+    /// The later part stopped because it was told to, before its list ended.
+    stopped: AtomicBool,
+    /// Where the later part is, after its last batch, and when its read began, in nanoseconds
+    /// after the fork (0: it has not), and where the earlier part then was (0: not known, where
+    /// the walk was not paced).
+    at: AtomicU64,
+    began_ns: AtomicU64,
+    earlier_then: AtomicU64,
+    forked: Instant,
+}
+
+impl Control {
+    /// In the later part, at a batch's end: whether to stop there. Notes where it is.
+    pub(super) fn stop_at(&self, at: u64) -> bool {
+        if self.stop.load(Ordering::Relaxed) {
+            self.stopped.store(true, Ordering::Relaxed);
+            return true;
+        }
+        self.at.store(at, Ordering::Relaxed);
+        false
+    }
 }
 
 impl<S> Running<S> {
+    /// With the earlier part at the later part's start, `here`: whether the later part is
+    /// still reading and reads slower than the earlier part, by `overtake` (see
+    /// [`Split::overtake`]). Both are timed over the later part's read (the earlier part's
+    /// speed while the later one walked is not what it reads at beside a read), or where the
+    /// earlier part's place then is not known, the earlier one's since the fork.
+    fn later_is_slower(&self, here: u64, overtake: u64) -> bool {
+        let c = &self.control;
+        let began = c.began_ns.load(Ordering::Relaxed);
+        if overtake == u64::MAX || began == 0 {
+            return false;
+        }
+        let since_fork = c.forked.elapsed().as_secs_f64();
+        let reading = (since_fork - began as f64 * 1e-9).max(1e-6);
+        let (from, span) = match c.earlier_then.load(Ordering::Relaxed) {
+            0 => (self.forked_at, since_fork.max(1e-6)),
+            then => (then, reading),
+        };
+        let earlier = here.saturating_sub(from) as f64 / span;
+        let later = c.at.load(Ordering::Relaxed).saturating_sub(here) as f64 / reading;
+        earlier * 1000.0 >= later * overtake as f64
+    }
+
     /// The later part's start, once known; with the earlier part at `at` past the target,
     /// it waits for the walk's answer (the walk runs far ahead of the read) rather than
     /// risk passing the start unknowing. A paced walk picks a start well ahead of where the
@@ -178,10 +242,10 @@ impl<S> Running<S> {
 }
 
 impl<S> Drop for Running<S> {
-    /// The later part stops at its next batch (or walk step) once cancelled; a read it
-    /// finished or gave up has already sent its answer into a channel that holds it.
+    /// The later part stops at its next batch (or walk step) once told; a read it finished or
+    /// gave up has already sent its answer into a channel that holds it.
     fn drop(&mut self) {
-        self.cancel.store(true, Ordering::Relaxed);
+        self.control.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -214,7 +278,7 @@ impl<S: Sink + Send + 'static> Parts<Reopening, S> for Plan<S> {
                     *self = Plan::Running(r, split);
                     None
                 }
-                Some(start) if at == start => take_in(vm, &r),
+                Some(start) if at == start => take_in(vm, &r, split.overtake),
                 Some(_) => None,
             },
             Plan::Done => None,
@@ -266,7 +330,14 @@ fn start<S: Sink + Send + 'static>(
         return Fork::Never;
     };
     let limits = Limits { max_stack, max_marks, ..vm.limits.clone() };
-    let cancel = Arc::new(AtomicBool::new(false));
+    let control = Arc::new(Control {
+        stop: AtomicBool::new(false),
+        stopped: AtomicBool::new(false),
+        at: AtomicU64::new(0),
+        began_ns: AtomicU64::new(0),
+        earlier_then: AtomicU64::new(0),
+        forked: Instant::now(),
+    });
     let (found_tx, found) = mpsc::sync_channel(1);
     let (tx, done) = mpsc::sync_channel(1);
     let later = LaterPart {
@@ -282,7 +353,7 @@ fn start<S: Sink + Send + 'static>(
         copied,
         sink,
         found: found_tx,
-        cancel: cancel.clone(),
+        control: control.clone(),
     };
     let spawned = std::thread::Builder::new().name("later part".into()).spawn(move || {
         let _ = tx.send(later.read().map(Box::new));
@@ -296,11 +367,12 @@ fn start<S: Sink + Send + 'static>(
         copied: (copied, vm.memo.others_len()),
         mark: vm.heap.mark(),
         kept: vm.heap.len(list),
+        forked_at: at,
         start: None,
         found,
         target,
         earlier,
-        cancel,
+        control,
         done,
         thread: Some(thread),
     })
@@ -320,22 +392,29 @@ struct LaterPart<S> {
     copied: usize,
     sink: S,
     found: mpsc::SyncSender<u64>,
-    cancel: Arc<AtomicBool>,
+    control: Arc<Control>,
 }
 
 impl<S: Sink> LaterPart<S> {
     fn read(self) -> Option<Later<S>> {
+        let began = Instant::now();
         let found = self.walk();
+        let walked = began.elapsed();
+        if let Some(pace) = &self.pace {
+            self.control.earlier_then.store(pace.earlier(), Ordering::Relaxed);
+        }
         let _ = self.found.send(found.map_or(0, |s| s.at));
         let Start { at, memo: base } = found?;
-        let LaterPart { open, list, protocol, limits, heap, mut memo, mut sink, cancel, .. } = self;
+        let LaterPart { open, list, protocol, limits, heap, mut memo, mut sink, control, .. } = self;
+        control.at.store(at, Ordering::Relaxed);
+        control.began_ns.store((control.forked.elapsed().as_nanos() as u64).max(1), Ordering::Relaxed);
         memo.rebase(base);
         let input = Input::starting_at(open(at).ok()?, at, limits.max_input_bytes);
         let (end, fast_dicts, heap, memo, batch, stack) = {
             let mut vm = Vm::new(input, &limits, &mut sink, heap, memo);
             vm.stack.push(Value::Node(list));
             vm.protocol = protocol;
-            vm.part_ends = Some(cancel);
+            vm.part_ends = Some(control.clone());
             vm.run().ok()?;
             // Either the list ended (no MARK open), or an entry of the batch whose MARK is the
             // only one open needs what this part cannot see: it stops before that entry.
@@ -350,28 +429,35 @@ impl<S: Sink> LaterPart<S> {
             let stack = vm.stack.split_off(1);
             (end, vm.fast_dicts, vm.heap, vm.memo, batch, stack)
         };
-        Some(Later { end, heap, memo, sink, fast_dicts, batch, stack })
+        let stopped = control.stopped.load(Ordering::Relaxed);
+        let read = began.elapsed() - walked;
+        Some(Later { end, heap, memo, sink, fast_dicts, batch, stack, walked, read, stopped })
     }
 
     fn walk(&self) -> Option<Start> {
         let mut input = Input::starting_at((self.open)(self.from).ok()?, self.from, self.limits.max_input_bytes);
-        walk(&mut input, self.copied, self.copied, self.target, self.pace.as_ref(), &self.cancel)
+        walk(&mut input, self.copied, self.copied, self.target, self.pace.as_ref(), &self.control.stop)
     }
 }
 
 /// Takes the later part in if the earlier part stands where it assumed and together they
 /// keep every limit; returns where to read on from.
-fn take_in<R: Read, S: Sink>(vm: &mut Vm<'_, R, S>, r: &Running<S>) -> Option<u64> {
+fn take_in<R: Read, S: Sink>(vm: &mut Vm<'_, R, S>, r: &Running<S>, overtake: u64) -> Option<u64> {
     if vm.stack.len() != r.stack || vm.stack.last() != Some(&Value::Node(r.list)) || vm.marks.len() != r.marks {
         return None;
     }
+    let arrived = Instant::now();
+    if r.later_is_slower(vm.input.offset(), overtake) {
+        r.control.stop.store(true, Ordering::Relaxed);
+    }
     let later = r.done.recv().ok()??;
+    let waited = arrived.elapsed();
     let l = vm.limits;
     if !vm.memo.can_join(&later.memo, r.copied.0) {
         return None;
     }
     let ids = vm.heap.ids_for(&later.heap, r.mark, l)?;
-    let Later { end, heap, memo, mut sink, fast_dicts, batch, stack } = *later;
+    let Later { end, heap, memo, mut sink, fast_dicts, batch, stack, walked, read, stopped } = *later;
     let folded = vm.sink.join(&mut sink, &ids)?;
     // The later part's memo is mapped on another thread while its records are appended here;
     // without that thread (none could start), nothing has changed yet and the read goes on
@@ -394,7 +480,15 @@ fn take_in<R: Read, S: Sink>(vm: &mut Vm<'_, R, S>, r: &Running<S>) -> Option<u6
     }
     vm.stack.extend(stack.into_iter().map(|v| ids.value(v, &*folded)));
     vm.fast_dicts += fast_dicts;
-    vm.later_part = Some(vm.input.offset()..end);
+    vm.later_part = Some(crate::reader::LaterPart {
+        bytes: vm.input.offset()..end,
+        forked_at: r.forked_at,
+        walked,
+        read,
+        waited,
+        took_in: arrived.elapsed() - waited,
+        stopped,
+    });
     r.jump.store(end, Ordering::Relaxed);
     Some(end)
 }
@@ -412,7 +506,7 @@ impl<R: Read, S: Sink> Vm<'_, R, S> {
     /// In the later part, with no MARK open: whether its list goes on (a MARK opens the next
     /// batch; FRAME is the framing protocol 4 puts anywhere).
     pub(super) fn part_goes_on(&mut self) -> Result<bool, Failure<S::Error>> {
-        if self.part_ends.as_ref().is_some_and(|cancel| cancel.load(Ordering::Relaxed)) {
+        if self.part_ends.as_ref().is_some_and(|control| control.stop_at(self.input.offset())) {
             return Ok(false);
         }
         let next = self.input.peek_filled().map_err(Failure::Read)?;

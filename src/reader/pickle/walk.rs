@@ -41,6 +41,11 @@ impl Pace {
         Pace { earlier, end, ahead: (end.saturating_sub(from) / 64).min(4 << 20) }
     }
 
+    /// Where the earlier part last said it was.
+    pub(super) fn earlier(&self) -> u64 {
+        self.earlier.load(Ordering::Relaxed)
+    }
+
     /// Whether `at` is far enough ahead of the earlier part to start there.
     fn ahead_of_earlier(&self, at: u64) -> bool {
         at >= self.earlier.load(Ordering::Relaxed).saturating_add(self.ahead)
