@@ -48,7 +48,7 @@ impl Pace {
 
     /// Whether `at` is far enough ahead of the earlier part to start there.
     fn ahead_of_earlier(&self, at: u64) -> bool {
-        at >= self.earlier.load(Ordering::Relaxed).saturating_add(self.ahead)
+        at >= self.earlier().saturating_add(self.ahead)
     }
 
     /// Whether a later part starting at `at` ends no later than the earlier part gets there:
@@ -57,7 +57,7 @@ impl Pace {
     /// speeds are taken to be the same from here on, and how fast each core was until now
     /// shows in how far the earlier part came while the walk went.
     fn balanced(&self, at: u64) -> bool {
-        let earlier = self.earlier.load(Ordering::Relaxed);
+        let earlier = self.earlier();
         self.ahead_of_earlier(at) && at - earlier >= self.end.saturating_sub(at)
     }
 }

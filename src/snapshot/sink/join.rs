@@ -194,11 +194,9 @@ impl SnapshotSink {
                     };
                     own_events.extend(chunk.iter().map(map));
                 }
-                // Given back by the other thread (or here, where it could not start): each
-                // chunk unmapped is a wait for the other core to flush its TLB.
-                if let Err(std::sync::mpsc::SendError(Work::Free(chunk))) = tx.send(Work::Free(chunk)) {
-                    drop(chunk);
-                }
+                // Given back by the other thread (each chunk unmapped is a wait for the other
+                // core to flush its TLB); where it could not start, the failed send drops it here.
+                let _ = tx.send(Work::Free(chunk));
             }
             drop(tx);
             // Joined here, not left to the scope: the scope's wait ends before the thread has
