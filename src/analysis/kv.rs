@@ -61,6 +61,10 @@ pub struct Stacks {
 impl Stacks {
     /// Whether blocks made at `stack` are cache.
     pub fn contains(&self, stack: StackId) -> bool {
+        // Asked of every allocation: most traces have no cache.
+        if self.growing.is_empty() && self.by_frames.is_empty() {
+            return false;
+        }
         self.growing.contains_key(&stack) || self.by_frames.contains(&stack)
     }
 }
@@ -112,24 +116,31 @@ fn cache_frames(snapshot: &Snapshot, stack: StackId) -> bool {
 pub fn stacks(snapshot: &Snapshot, events: &[Event], phases: &Phases) -> Stacks {
     // By what the frames say: a module's forward (the cache), or code around the model (the
     // ids and the mask, which `generate` grows between two forwards).
-    let (mut forward, mut outside): (HashMap<StackId, Follow>, HashMap<StackId, Follow>) =
-        (HashMap::new(), HashMap::new());
+    // The cache is made in a forward: only the forward's events are read for it, and the
+    // code around the model only where a cache was found.
+    let mut forward: HashMap<StackId, Follow> = HashMap::new();
     let mut out = Stacks::default();
-    for (i, e) in events.iter().enumerate() {
+    let mut by_frames: HashMap<StackId, bool> = HashMap::new();
+    for i in phases.events_in(Phase::Forward) {
+        let e = &events[i];
         if e.action != Action::ALLOC || e.stack == EMPTY_STACK {
             continue;
         }
-        match phases.tag_of(e.stack) {
-            Tag::Forward if phases.phase[i] == Phase::Forward => forward.entry(e.stack).or_default().push(e.size),
-            Tag::User => outside.entry(e.stack).or_default().push(e.size),
-            _ => {}
+        if phases.tag_of(e.stack) == Tag::Forward {
+            forward.entry(e.stack).or_default().push(e.size);
         }
-        if !phases.training && phases.phase[i] == Phase::Forward && cache_frames(snapshot, e.stack) {
+        if !phases.training && *by_frames.entry(e.stack).or_insert_with(|| cache_frames(snapshot, e.stack)) {
             out.by_frames.insert(e.stack);
         }
     }
     out.growing = forward.into_iter().filter_map(|(s, f)| Some((s, f.best?.1))).collect();
     if !out.growing.is_empty() {
+        let mut outside: HashMap<StackId, Follow> = HashMap::new();
+        for e in events {
+            if e.action == Action::ALLOC && e.stack != EMPTY_STACK && phases.tag_of(e.stack) == Tag::User {
+                outside.entry(e.stack).or_default().push(e.size);
+            }
+        }
         out.ids = outside
             .into_values()
             .filter_map(|f| f.best.map(|b| (b.1, f.size)))

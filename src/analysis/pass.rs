@@ -4,6 +4,8 @@
 //! the event that frees it, the series' times) on another, beside the series' pages faulted in
 //! ahead of the replay. The assembly of the document (`device`) sees only the results.
 
+use std::time::{Duration, Instant};
+
 use super::oom::OomObserver;
 use super::timeline::Timeline;
 use super::{Depth, breakdown, categories, memory, phases, timeline};
@@ -83,11 +85,15 @@ pub(super) fn replay_device<'a>(snapshot: &'a Snapshot, d: &Device, depth: Depth
         let side = scope.spawn(move || {
             // Serving, the replay begins to write the series before the phases are known.
             unwritten.prefault();
+            let began = Instant::now();
             let ph = phases.get_or_init(|| memory::phases(snapshot, d));
+            let phases_took = began.elapsed();
             let _ = tx_ready.send(());
-            EventsWork::new(snapshot, d, ph, serve, || rx_before.recv().ok())
+            EventsWork::new(snapshot, d, ph, serve, || rx_before.recv().ok()).map(|w| (w, phases_took))
         });
+        let began = Instant::now();
         let start = replay::Start::derive(snapshot, d);
+        let derived = began.elapsed();
         let _ = tx_before.send(memory::live_blocks(start.initial()).cloned().collect());
         // Where the other thread failed, this one works the phases out itself.
         let wait_phases = || {
@@ -106,18 +112,32 @@ pub(super) fn replay_device<'a>(snapshot: &'a Snapshot, d: &Device, depth: Depth
             copies: depth == Depth::Report,
         };
         let replay = start.run(snapshot, d, &mut pass, depth != Depth::Report);
+        let replayed = began.elapsed();
         let Pass { timeline, ooms, peaks, capture, .. } = pass;
         let steps = match peaks {
             Some(peaks) => peaks.finish(),
             None => breakdown::StepPeaks::from_allocated(wait_phases(), &timeline.allocated_bytes),
         };
-        (replay, (ooms, steps, capture), side.join().ok().flatten())
+        let side = side.join().ok().flatten();
+        if let Some((work, phases_took)) = &side {
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            tracing::debug!(
+                derive_ms = ms(derived),
+                replay_ms = ms(replayed - derived),
+                joined_ms = ms(began.elapsed()),
+                phases_ms = ms(*phases_took),
+                frees_ms = ms(work.took[0]),
+                labels_ms = ms(work.took[1]),
+                "a device's pass: the replay on this thread, what needs only the events on the other"
+            );
+        }
+        (replay, (ooms, steps, capture), side.map(|s| s.0))
     });
     let (ooms, steps, capture) = pass;
     // Set in the scope, by one thread or the other.
     let phases = phases.into_inner().unwrap_or_default();
     let initial_blocks = || Some(memory::live_blocks(&replay.state_at(snapshot, None)).cloned().collect());
-    let EventsWork { labels, freed, times, actions } = match side {
+    let EventsWork { labels, freed, times, actions, .. } = match side {
         Some(done) => done,
         None => EventsWork::new(snapshot, d, &phases, serve, initial_blocks).unwrap_or_default(),
     };
@@ -201,6 +221,8 @@ struct EventsWork {
     freed: Vec<u32>,
     times: Option<Vec<i64>>,
     actions: Vec<u64>,
+    /// How long the frees and the labels took (the debug log's).
+    took: [Duration; 2],
 }
 
 impl EventsWork {
@@ -213,10 +235,14 @@ impl EventsWork {
     ) -> Option<EventsWork> {
         let events = snapshot.device_events(d);
         let times = serve.then(|| timeline::times(snapshot, d.events.clone()));
+        let began = Instant::now();
         let freed = categories::frees(events);
-        let labels = categories::label(snapshot, events, phases, &before()?, &freed);
+        let frees_took = began.elapsed();
+        let before = before()?;
+        let began = Instant::now();
+        let labels = categories::label(snapshot, events, phases, &before, &freed);
         let actions = super::actions::count_actions(events);
-        Some(EventsWork { labels, freed, times, actions })
+        Some(EventsWork { labels, freed, times, actions, took: [frees_took, began.elapsed()] })
     }
 }
 

@@ -85,6 +85,18 @@ impl Phases {
         (r != NONE).then_some(r as usize)
     }
 
+    /// The indexes of the events that fall in runs of phase `p`, in order: a piece of
+    /// evidence about one phase reads only its events (most of a trace that has no optimizer
+    /// phase is not read at all for the optimizer's).
+    pub fn events_in(&self, p: Phase) -> impl Iterator<Item = usize> + '_ {
+        self.runs.iter().filter(move |r| r.0 == p).flat_map(|r| r.1..=r.2)
+    }
+
+    /// Whether any event falls in phase `p`.
+    pub fn has(&self, p: Phase) -> bool {
+        self.runs.iter().any(|r| r.0 == p)
+    }
+
     /// What `stack`'s frames say, as the phases were told ([`Tag::None`] for a stack no event
     /// of the trace has).
     pub fn tag_of(&self, stack: StackId) -> Tag {

@@ -20,12 +20,9 @@ pub(super) fn trainable_sizes(
 ) -> Option<HashSet<u64>> {
     let mut sizes: HashSet<u64> =
         before.iter().filter(|b| inits_optimizer_state(snapshot, b.stack)).map(|b| b.requested).collect();
-    for (i, e) in events.iter().enumerate() {
-        if e.action == Action::ALLOC
-            && phases.phase[i] == Phase::Optimizer
-            && freed[i] == NEVER
-            && inits_optimizer_state(snapshot, e.stack)
-        {
+    for i in phases.events_in(Phase::Optimizer) {
+        let e = &events[i];
+        if e.action == Action::ALLOC && freed[i] == NEVER && inits_optimizer_state(snapshot, e.stack) {
             sizes.insert(e.size);
         }
     }
@@ -41,12 +38,16 @@ pub(super) fn trainable_sizes(
 /// stops, are gradients too. Blocks without frames (the autograd engine's) say nothing.
 pub(super) fn gradient_stacks(events: &[Event], phases: &Phases, freed: &[u32]) -> HashSet<StackId> {
     let mut out = HashSet::new();
-    for (i, e) in events.iter().enumerate() {
+    // Nothing is freed by an optimizer phase where there is none.
+    if !phases.has(Phase::Optimizer) {
+        return out;
+    }
+    for i in phases.events_in(Phase::Backward).chain(phases.events_in(Phase::Other)) {
+        let e = &events[i];
         if e.action != Action::ALLOC || e.stack == crate::snapshot::EMPTY_STACK || freed[i] == NEVER {
             continue;
         }
-        let made = phases.phase[i];
-        if matches!(made, Phase::Backward | Phase::Other) && phases.phase[freed[i] as usize] == Phase::Optimizer {
+        if phases.phase[freed[i] as usize] == Phase::Optimizer {
             out.insert(e.stack);
         }
     }

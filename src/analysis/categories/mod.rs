@@ -256,45 +256,66 @@ pub fn label(snapshot: &Snapshot, events: &[Event], phases: &Phases, before: &[B
     if !phases.has_frames {
         return labels;
     }
-    let mut param_sizes: HashSet<u64> = before.iter().filter(|b| params.made(b.stack)).map(|b| b.requested).collect();
-    // Parameters first, then the KV cache among what is not one: one pass, since each event's
-    // label depends on its own stack alone.
+    let trainable = trainable_sizes(snapshot, events, phases, before, freed);
+    // Without the optimizer's sizes, a trainable size is any parameter's of the whole trace,
+    // known only after a pass over it. The rules read those sizes only in a backward or before
+    // a forward: where the trace has neither, or the optimizer told them, one pass labels all.
+    let one_pass = trainable.is_some() || !(phases.has(Phase::Backward) || phases.has(Phase::Forward));
+    let mut param_sizes: HashSet<u64> = HashSet::new();
+    if !one_pass {
+        param_sizes.extend(before.iter().filter(|b| params.made(b.stack)).map(|b| b.requested));
+    }
+    let mut by_phase = ByPhase {
+        snapshot,
+        phases,
+        freed,
+        trainable: trainable.unwrap_or_default(),
+        grad_stacks: gradient_stacks(events, phases, freed),
+        last: events.len().saturating_sub(1),
+        saved: saved_for_backward(events, phases, freed),
+        first_forward: phases.runs.iter().find(|r| r.0 == Phase::Forward).map_or(usize::MAX, |r| r.1),
+    };
+    // Parameters first, then the KV cache among what is not one (each by its own stack alone),
+    // then the rest by phase.
+    let mut run = 0;
     for (i, e) in events.iter().enumerate() {
         if e.action != Action::ALLOC {
             continue;
         }
         if params.made(e.stack) {
             labels.by_event[i] = Category::Parameter;
-            param_sizes.insert(e.size);
+            if !one_pass {
+                param_sizes.insert(e.size);
+            }
             if unsharded_copy(snapshot, e.stack) {
                 labels.unsharded.insert(e.stack);
             }
         } else if labels.kv.contains(e.stack) {
             labels.by_event[i] = Category::KvCache;
+        } else if one_pass {
+            labels.by_event[i] = by_phase.category(i, e, run_of(phases, &mut run, i));
         }
     }
-    let by_phase = ByPhase {
-        snapshot,
-        phases,
-        freed,
-        trainable: trainable_sizes(snapshot, events, phases, before, freed).unwrap_or(param_sizes),
-        grad_stacks: gradient_stacks(events, phases, freed),
-        last: events.len().saturating_sub(1),
-        saved: saved_for_backward(events, phases, freed),
-        first_forward: phases.runs.iter().find(|r| r.0 == Phase::Forward).map_or(usize::MAX, |r| r.1),
-    };
-    let mut run = 0;
-    for (i, e) in events.iter().enumerate() {
-        if e.action != Action::ALLOC || matches!(labels.by_event[i], Category::Parameter | Category::KvCache) {
-            continue;
+    if !one_pass {
+        by_phase.trainable = param_sizes;
+        let mut run = 0;
+        for (i, e) in events.iter().enumerate() {
+            if e.action != Action::ALLOC || matches!(labels.by_event[i], Category::Parameter | Category::KvCache) {
+                continue;
+            }
+            labels.by_event[i] = by_phase.category(i, e, run_of(phases, &mut run, i));
         }
-        // Events go forward, and so does the run that holds them.
-        while phases.runs[run].2 < i {
-            run += 1;
-        }
-        labels.by_event[i] = by_phase.category(i, e, run);
     }
     labels
+}
+
+/// The run that holds event `i`, from `run`, the run of an earlier event: events go forward,
+/// and so does the run that holds them.
+fn run_of(phases: &Phases, run: &mut usize, i: usize) -> usize {
+    while phases.runs[*run].2 < i {
+        *run += 1;
+    }
+    *run
 }
 
 /// Whether a stack makes parameters, asked once per allocation: by stack id (ids are dense).
