@@ -128,6 +128,7 @@ pub(super) fn replay_device<'a>(snapshot: &'a Snapshot, d: &Device, depth: Depth
                 phases_ms = ms(*phases_took),
                 frees_ms = ms(work.took[0]),
                 labels_ms = ms(work.took[1]),
+                peak_mib = crate::machine::pages::peak_resident_mib(),
                 "a device's pass: the replay on this thread, what needs only the events on the other"
             );
         }

@@ -80,6 +80,7 @@ pub(super) fn ingest<T>(
             waited_ms = ms(l.waited),
             took_in_ms = ms(l.took_in),
             stopped = l.stopped,
+            peak_mib = crate::machine::pages::peak_resident_mib(),
             "read in two parts"
         );
     }

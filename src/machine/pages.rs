@@ -22,6 +22,15 @@ pub(crate) fn populate_write(range: std::ops::Range<usize>) {
     let _ = (start, end);
 }
 
+/// The process's peak resident memory so far in MiB (`VmHWM`), for the debug log: where in a
+/// run the peak the benches judge is reached. None where there is no `/proc`.
+pub(crate) fn peak_resident_mib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 =
+        status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib >> 10)
+}
+
 /// Blocks of at least this many bytes go back to the system when freed, from now on in this
 /// process (glibc's mmap threshold, which otherwise rises to the size of each block freed).
 pub(crate) fn return_blocks_from(bytes: usize) {

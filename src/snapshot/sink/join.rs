@@ -175,14 +175,17 @@ impl SnapshotSink {
                     }
                 }
             });
-            let left = match &helper {
-                Ok(_) => {
-                    times.into_iter().for_each(|t| drop(tx.send(Work::Times(t))));
-                    Vec::new()
+            let mut left = Vec::new();
+            // Each chunk's times go to the helper as its events are copied, and the chunk right
+            // after: the helper frees each chunk soon after its copy, so at most a chunk or two
+            // are held twice. (Sent all at first, the times kept it busy while every chunk was
+            // copied: the later part's events were resident twice over, big_trace's peak RSS
+            // 113 -> 130-142 MiB during the take-in.)
+            for (chunk, t) in events.into_iter().zip(times) {
+                match &helper {
+                    Ok(_) => drop(tx.send(Work::Times(t))),
+                    Err(_) => left.push(t),
                 }
-                Err(_) => times,
-            };
-            for chunk in events {
                 if same {
                     own_events.extend_from_slice(&chunk);
                 } else {
