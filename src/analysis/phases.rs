@@ -395,3 +395,25 @@ fn metadata_steps(snapshot: &Snapshot, events: &[Event], first: usize, out: &mut
     }
     out.steps = step + 1;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The evidence read by phase (`events_in`) sees exactly the events of that phase, in order.
+    #[test]
+    fn the_events_of_a_phase_are_those_of_its_runs() {
+        use Phase::*;
+        let mut p =
+            Phases { phase: vec![Other, Forward, Forward, Backward, Forward, Optimizer, Other], ..Phases::default() };
+        index_runs(&mut p);
+        for ph in [Forward, Backward, Optimizer, Other] {
+            let want: Vec<usize> = p.phase.iter().enumerate().filter(|(_, x)| **x == ph).map(|(i, _)| i).collect();
+            assert_eq!(p.events_in(ph).collect::<Vec<_>>(), want, "{ph:?}");
+            assert_eq!(p.has(ph), !want.is_empty(), "{ph:?}");
+        }
+        let mut other = Phases { phase: vec![Other; 3], ..Phases::default() };
+        index_runs(&mut other);
+        assert!(!other.has(Forward) && other.events_in(Forward).next().is_none());
+    }
+}
