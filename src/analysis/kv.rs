@@ -120,7 +120,8 @@ pub fn stacks(snapshot: &Snapshot, events: &[Event], phases: &Phases) -> Stacks 
     // code around the model only where a cache was found.
     let mut forward: HashMap<StackId, Follow> = HashMap::new();
     let mut out = Stacks::default();
-    let mut by_frames: HashMap<StackId, bool> = HashMap::new();
+    // `cache_frames` once per stack, not per allocation.
+    let mut is_update: HashMap<StackId, bool> = HashMap::new();
     for i in phases.events_in(Phase::Forward) {
         let e = &events[i];
         if e.action != Action::ALLOC || e.stack == EMPTY_STACK {
@@ -129,7 +130,7 @@ pub fn stacks(snapshot: &Snapshot, events: &[Event], phases: &Phases) -> Stacks 
         if phases.tag_of(e.stack) == Tag::Forward {
             forward.entry(e.stack).or_default().push(e.size);
         }
-        if !phases.training && *by_frames.entry(e.stack).or_insert_with(|| cache_frames(snapshot, e.stack)) {
+        if !phases.training && *is_update.entry(e.stack).or_insert_with(|| cache_frames(snapshot, e.stack)) {
             out.by_frames.insert(e.stack);
         }
     }
