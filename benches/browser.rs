@@ -181,9 +181,10 @@ fn main() {
 
 /// Waits until the machine is at rest: two tenths of a second in a row with its cores at least
 /// 90% idle (`/proc/stat`), at most 5 s. A Chromium that has just started still sets itself up
-/// for a while after its first blank page; on two cores that work ran beside the page's first
-/// load and moved it by up to 90 ms (Selenium, eight first loads of each alternated: 239-368 ms at
-/// once, 221-325 ms 0.6 s later; this machine is at rest 0.2-0.4 s after the blank page). Returns how long it waited.
+/// for a while after its first blank page, and on two cores that work ran beside the page's
+/// first load (Selenium, eight first loads of each alternated: 239-368 ms, median 322, at
+/// once; 221-325 ms, median 275, 0.6 s later; the fresh EPYC VM is at rest 0.2-0.4 s after the
+/// blank page). Returns how long it waited.
 async fn settle() -> Duration {
     fn idle_and_total() -> Option<(u64, u64)> {
         let stat = std::fs::read_to_string("/proc/stat").ok()?;

@@ -17,7 +17,7 @@
 /// The longest item kept as a shape, in bytes.
 pub(super) const MAX_LEN: usize = 256;
 const WORDS: usize = MAX_LEN / 8;
-/// Shapes kept; a new one takes the place of the one matched longest ago.
+/// Shapes kept; a new one takes the place of the one unused longest.
 const KEPT: usize = 16;
 
 /// How the walk's table steps over an opcode (`walk::FAST`), as a shape needs it.
@@ -45,7 +45,7 @@ struct Shape {
     /// The shape the item after one of this shape had last time: tried first, since a trace's
     /// entries come in patterns (an allocation, its free requested, its free completed).
     next: usize,
-    /// When it last fitted or was learnt, in finds: the one longest unused gives way.
+    /// When it last fitted or was learnt, by `Shapes::clock`: the one unused longest gives way.
     used: u64,
 }
 
