@@ -166,24 +166,17 @@ impl SnapshotSink {
         let (own_events, own_times) = (&mut self.events, &mut self.times);
         // The times the other thread did not take (none could start): appended after.
         let left = std::thread::scope(|scope| {
-            let (tx, rx) = std::sync::mpsc::channel::<Work>();
+            let (tx, rx) = std::sync::mpsc::channel::<Times>();
             let helper = std::thread::Builder::new().name("take in".into()).spawn_scoped(scope, move || {
-                for work in rx {
-                    match work {
-                        Work::Times(t) => own_times.extend_from(&t),
-                        Work::Free(chunk) => drop(chunk),
-                    }
+                for t in rx {
+                    own_times.extend_from(&t);
                 }
             });
             let mut left = Vec::new();
-            // Each chunk's times go to the helper as its events are copied, and the chunk right
-            // after: the helper frees each chunk soon after its copy, so at most a chunk or two
-            // are held twice. (Sent all at first, the times kept it busy while every chunk was
-            // copied: the later part's events were resident twice over, big_trace's peak RSS
-            // 113 -> 130-142 MiB during the take-in.)
+            // Each chunk's times go to the helper as its events are copied.
             for (chunk, t) in events.into_iter().zip(times) {
                 match &helper {
-                    Ok(_) => drop(tx.send(Work::Times(t))),
+                    Ok(_) => drop(tx.send(t)),
                     Err(_) => left.push(t),
                 }
                 if same {
@@ -197,9 +190,13 @@ impl SnapshotSink {
                     };
                     own_events.extend(chunk.iter().map(map));
                 }
-                // Given back by the other thread (each chunk unmapped is a wait for the other
-                // core to flush its TLB); where it could not start, the failed send drops it here.
-                let _ = tx.send(Work::Free(chunk));
+                // Freed here, as soon as it is copied, so that no more than one chunk is ever
+                // held twice. (Freed by the helper, each chunk waited behind the times sent
+                // before it while the helper shared its core with the memo's mapping
+                // (`reader/pickle/split.rs`): 3-11 MiB of chunks were held twice, big_trace's
+                // peak 114-119 MiB against 113-114 now, ten alternated runs; the take-in
+                // 17.6 -> 19.0 ms, the unmapping's cost on this thread.)
+                drop(chunk);
             }
             drop(tx);
             // Joined here, not left to the scope: the scope's wait ends before the thread has
@@ -214,13 +211,6 @@ impl SnapshotSink {
             self.times.extend_from(&t);
         }
     }
-}
-
-/// What the take-in's helper thread does: re-encode a later part's times into this part's,
-/// or give a chunk of its events back to the system.
-enum Work {
-    Times(Times),
-    Free(Vec<Event>),
 }
 
 /// How the later part's stacks, streams and unknown actions map to the whole read's, for
