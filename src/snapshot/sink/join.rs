@@ -190,12 +190,10 @@ impl SnapshotSink {
                     };
                     own_events.extend(chunk.iter().map(map));
                 }
-                // Freed here, as soon as it is copied, so that no more than one chunk is ever
-                // held twice. (Freed by the helper, each chunk waited behind the times sent
-                // before it while the helper shared its core with the memo's mapping
-                // (`reader/pickle/split.rs`): 3-11 MiB of chunks were held twice, big_trace's
-                // peak 114-119 MiB against 113-114 now, ten alternated runs; the take-in
-                // 17.6 -> 19.0 ms, the unmapping's cost on this thread.)
+                // Freed here, as soon as it is copied, so that at most one chunk is held twice:
+                // freed by the helper, chunks waited behind its times while it shared its core
+                // with the memo's mapping (`reader/pickle/split.rs`), and that was the read's
+                // peak. The unmapping costs this thread 1-2 ms (docs/PERFORMANCE.md).
                 drop(chunk);
             }
             drop(tx);
